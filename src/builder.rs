@@ -1,0 +1,57 @@
+//! [`ServiceBuilderExt`]: tower-llm's layers as `ServiceBuilder` methods.
+
+use std::time::Duration;
+
+use tower::ServiceBuilder;
+use tower::layer::util::Stack;
+use tower_llm_deadline::DeadlineLayer;
+
+mod sealed {
+    pub trait Sealed<L> {}
+    impl<L> Sealed<L> for tower::ServiceBuilder<L> {}
+}
+
+/// Adds tower-llm's layers to [`tower::ServiceBuilder`].
+///
+/// The method names never clash with tower's own `retry` and `timeout`.
+/// Layers run outermost first, in the order you add them; the order that
+/// makes them work together is
+///
+/// ```text
+/// deadline → fallback → retry → breaker → provider
+/// ```
+///
+/// - **deadline** outermost: every retry and failover spends one budget.
+/// - **fallback** outside retry: each link gets its own retries.
+/// - **breaker** inside retry: each attempt is admitted or refused; an open
+///   circuit is never retried, it goes straight to the next link.
+///
+/// This trait is sealed: only `ServiceBuilder` implements it.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+/// use tower_llm::prelude::*;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let svc = ServiceBuilder::new()
+///     .llm_deadline(Duration::from_secs(30))
+///     .service(service_fn(|req: http::Request<()>| async move {
+///         let left = Deadline::remaining_in(req.extensions()).unwrap();
+///         Ok::<_, Failure>(http::Response::new(left))
+///     }));
+/// let res = svc.oneshot(http::Request::new(())).await.unwrap();
+/// assert_eq!(*res.body(), Duration::from_secs(30));
+/// # }
+/// ```
+pub trait ServiceBuilderExt<L>: sealed::Sealed<L> + Sized {
+    /// Adds a [`DeadlineLayer`] giving each call at most `budget`.
+    fn llm_deadline(self, budget: Duration) -> ServiceBuilder<Stack<DeadlineLayer, L>>;
+}
+
+impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
+    fn llm_deadline(self, budget: Duration) -> ServiceBuilder<Stack<DeadlineLayer, L>> {
+        self.layer(DeadlineLayer::new(budget))
+    }
+}

@@ -1,0 +1,73 @@
+//! Tower middleware that keeps calls to LLM providers alive when providers
+//! are not.
+//!
+//! Each concern is its own [`tower::Layer`], so you stack them in your own
+//! [`tower::ServiceBuilder`] around any provider service: a typed chat
+//! service ([`ChatRequest`] → [`ChatResponse`]) or a plain HTTP client
+//! (`http::Request<B>` → `http::Response<B>`).
+//!
+//! ```text
+//! request ─► DeadlineLayer        one absolute deadline for the whole logical call
+//!             └► FallbackLayer    ordered chain of links: primary, then alternates
+//!                  └► RetryLayer  per link: bounded attempts, backoff + jitter, Retry-After
+//!                       └► BreakerLayer   per link & key: fail fast while a provider is sick
+//!                            └► provider Service
+//! ```
+//!
+//! Available today: the shared vocabulary (re-exported at this crate's
+//! root from [`tower_llm_core`]) and the [`deadline`] layer. Retry, breaker,
+//! fallback and the provider services are being built in that order.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower_llm::prelude::*;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let provider = service_fn(|req: ChatRequest| async move {
+//!     tokio::time::sleep(Duration::from_secs(60)).await; // a hung provider
+//!     Err::<ChatResponse, _>(Failure::new(FailureClass::Transient))
+//! });
+//! let svc = ServiceBuilder::new()
+//!     .llm_deadline(Duration::from_secs(30))
+//!     .service(provider);
+//!
+//! let req = ChatRequest::new("gpt-4o-mini", vec![Message::user("Hello")]);
+//! let err = svc.oneshot(req).await.unwrap_err();
+//! assert!(err.is_deadline_exceeded());
+//! # }
+//! ```
+//!
+//! # Crates
+//!
+//! | crate | what |
+//! |---|---|
+//! | [`tower_llm_core`] | failure classes, classifiers, deadline, attempt log, chat types |
+//! | [`tower_llm_deadline`] | [`DeadlineLayer`](deadline::DeadlineLayer) |
+//!
+//! # Feature flags
+//!
+//! None yet.
+
+mod builder;
+
+pub use builder::ServiceBuilderExt;
+pub use tower_llm_core::*;
+
+/// The deadline layer ([`tower_llm_deadline`]).
+pub mod deadline {
+    pub use tower_llm_deadline::{
+        DeadlineLayer, EnforceDeadline, GRPC_TIMEOUT, ResponseFuture, X_REQUEST_TIMEOUT_MS,
+        header_timeout, parse_grpc_timeout, parse_request_timeout_ms,
+    };
+}
+
+/// The names most programs need: `use tower_llm::prelude::*;`.
+pub mod prelude {
+    pub use crate::ServiceBuilderExt;
+    pub use crate::deadline::DeadlineLayer;
+    pub use tower_llm_core::{
+        ChatRequest, ChatResponse, Deadline, Failure, FailureClass, HasExtensions, Message,
+    };
+}

@@ -1,0 +1,416 @@
+//! Provider-neutral chat types.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Extensions;
+use serde::{Deserialize, Serialize};
+
+use crate::AttemptRecord;
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Instructions for the model.
+    System,
+    /// The end user.
+    User,
+    /// The model.
+    Assistant,
+    /// The result of a tool call.
+    Tool,
+}
+
+/// One part of a message's content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    /// Plain text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// An image, by URL (`https:` or a `data:` URL).
+    ImageUrl {
+        /// The image URL.
+        url: String,
+    },
+}
+
+/// A tool the model invoked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The provider's id for this call; a tool result refers to it.
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// The arguments, as a JSON text (as the model produced it; it may not
+    /// be valid JSON).
+    pub arguments: String,
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// Who wrote it.
+    pub role: Role,
+    /// Its content parts, in order.
+    #[serde(default)]
+    pub content: Vec<ContentPart>,
+    /// Tools the assistant invoked in this message.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// For a [`Role::Tool`] message: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// A message of `role` with one text part.
+    pub fn text(role: Role, text: impl Into<String>) -> Self {
+        Message {
+            role,
+            content: vec![ContentPart::Text { text: text.into() }],
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    /// A system message.
+    pub fn system(text: impl Into<String>) -> Self {
+        Message::text(Role::System, text)
+    }
+
+    /// A user message.
+    pub fn user(text: impl Into<String>) -> Self {
+        Message::text(Role::User, text)
+    }
+
+    /// An assistant message.
+    pub fn assistant(text: impl Into<String>) -> Self {
+        Message::text(Role::Assistant, text)
+    }
+
+    /// A tool result answering call `tool_call_id`.
+    pub fn tool_result(tool_call_id: impl Into<String>, text: impl Into<String>) -> Self {
+        Message {
+            tool_call_id: Some(tool_call_id.into()),
+            ..Message::text(Role::Tool, text)
+        }
+    }
+
+    /// The text parts joined together.
+    pub fn joined_text(&self) -> String {
+        let mut out = String::new();
+        for part in &self.content {
+            if let ContentPart::Text { text } = part {
+                out.push_str(text);
+            }
+        }
+        out
+    }
+}
+
+/// A tool the model may call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    /// The tool's name.
+    pub name: String,
+    /// What the tool does, for the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// JSON Schema of the arguments.
+    #[serde(default)]
+    pub parameters: serde_json::Value,
+}
+
+/// Whether and which tool the model must call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// The model decides.
+    Auto,
+    /// No tool calls.
+    None,
+    /// At least one tool call.
+    Required,
+    /// This tool.
+    Tool(String),
+}
+
+/// A provider-neutral chat request.
+///
+/// `extensions` carry per-call state between layers (deadline, attempt log,
+/// the link being called); they are never serialised.
+///
+/// ```
+/// use tower_llm_core::{ChatRequest, Message};
+///
+/// let req = ChatRequest::new("gpt-4o-mini", vec![Message::user("Say hi")])
+///     .with_max_tokens(64)
+///     .with_temperature(0.2);
+/// let json = serde_json::to_value(&req).unwrap();
+/// assert_eq!(json["model"], "gpt-4o-mini");
+/// assert_eq!(json["messages"][0]["content"][0]["text"], "Say hi");
+/// ```
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ChatRequest {
+    /// The model id (or route alias) to call.
+    pub model: String,
+    /// The conversation so far.
+    pub messages: Vec<Message>,
+    /// Tools the model may call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<Tool>,
+    /// Tool choice; `None` leaves it to the provider's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// Sampling temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    /// The most tokens to generate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Stop sequences.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+    /// Ask for a streamed answer.
+    #[serde(default)]
+    pub stream: bool,
+    /// Per-call state for the layers; not serialised.
+    #[serde(skip)]
+    pub extensions: Extensions,
+}
+
+impl ChatRequest {
+    /// A request for `model` with `messages`.
+    pub fn new(model: impl Into<String>, messages: Vec<Message>) -> Self {
+        ChatRequest {
+            model: model.into(),
+            messages,
+            ..ChatRequest::default()
+        }
+    }
+
+    /// Sets `max_tokens`.
+    #[must_use]
+    pub fn with_max_tokens(mut self, max_tokens: u32) -> Self {
+        self.max_tokens = Some(max_tokens);
+        self
+    }
+
+    /// Sets `temperature`.
+    #[must_use]
+    pub fn with_temperature(mut self, temperature: f32) -> Self {
+        self.temperature = Some(temperature);
+        self
+    }
+
+    /// Sets the tools.
+    #[must_use]
+    pub fn with_tools(mut self, tools: Vec<Tool>) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// Sets `stream`.
+    #[must_use]
+    pub fn with_stream(mut self, stream: bool) -> Self {
+        self.stream = stream;
+        self
+    }
+}
+
+/// Why the model stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A natural end or a stop sequence.
+    Stop,
+    /// `max_tokens` was reached.
+    Length,
+    /// The model called tools.
+    ToolCalls,
+    /// The provider's safety filter cut the answer.
+    ContentFilter,
+    /// Anything else.
+    Other,
+}
+
+/// Token counts of one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Usage {
+    /// Input tokens, including cached ones.
+    pub prompt_tokens: u32,
+    /// Generated tokens.
+    pub completion_tokens: u32,
+    /// Input tokens served from the provider's prompt cache (0 if none).
+    #[serde(default)]
+    pub cached_input_tokens: u32,
+}
+
+impl Usage {
+    /// `prompt_tokens + completion_tokens`, saturating.
+    pub fn total_tokens(&self) -> u32 {
+        self.prompt_tokens.saturating_add(self.completion_tokens)
+    }
+}
+
+/// One answer of the model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Choice {
+    /// Index among the choices.
+    pub index: u32,
+    /// The text (empty on a tool-call-only answer).
+    pub text: String,
+    /// Tools the model called.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// Why it stopped.
+    pub finish_reason: FinishReason,
+}
+
+/// A provider-neutral chat answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatResponse {
+    /// The provider's id of the answer.
+    pub id: String,
+    /// The model that actually served (after any fallback).
+    pub model: String,
+    /// The provider that served (for example `"anthropic"`).
+    pub provider: Arc<str>,
+    /// The answers.
+    pub choices: Vec<Choice>,
+    /// Token counts.
+    pub usage: Usage,
+    /// Time from sending the request to having the whole answer.
+    #[serde(with = "crate::serde_millis")]
+    pub latency: Duration,
+    /// Every attempt the call made (attached by the outermost layer).
+    #[serde(default)]
+    pub attempts: Vec<AttemptRecord>,
+}
+
+impl ChatResponse {
+    /// The first choice's text, or `""`.
+    pub fn text(&self) -> &str {
+        self.choices.first().map_or("", |c| c.text.as_str())
+    }
+
+    /// The first choice's finish reason.
+    pub fn finish_reason(&self) -> Option<FinishReason> {
+        self.choices.first().map(|c| c.finish_reason)
+    }
+}
+
+/// A fragment of a tool call in a stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCallDelta {
+    /// Which tool call of the answer this fragment belongs to.
+    pub index: u32,
+    /// The call id (on the first fragment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The tool name (on the first fragment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The next piece of the JSON arguments.
+    #[serde(default)]
+    pub arguments: String,
+}
+
+/// One item of a streamed answer.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ChatChunk {
+    /// Which choice the chunk belongs to.
+    pub index: u32,
+    /// Text to append.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// A tool-call fragment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call: Option<ToolCallDelta>,
+    /// Set on the chunk that ends the choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<FinishReason>,
+    /// Token counts, when the provider sends them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_round_trips_without_extensions() {
+        let mut req = ChatRequest::new(
+            "m",
+            vec![
+                Message::system("be brief"),
+                Message::tool_result("call_1", "42"),
+            ],
+        )
+        .with_tools(vec![Tool {
+            name: "add".into(),
+            description: None,
+            parameters: serde_json::json!({"type": "object"}),
+        }])
+        .with_stream(true);
+        req.extensions.insert(7u8);
+        let json = serde_json::to_string(&req).expect("json");
+        let back: ChatRequest = serde_json::from_str(&json).expect("back");
+        assert_eq!(back.messages, req.messages);
+        assert_eq!(back.tools, req.tools);
+        assert!(back.stream);
+        assert!(back.extensions.get::<u8>().is_none());
+    }
+
+    #[test]
+    fn response_helpers() {
+        let res = ChatResponse {
+            id: "x".into(),
+            model: "m".into(),
+            provider: "openai".into(),
+            choices: vec![Choice {
+                index: 0,
+                text: "hi".into(),
+                tool_calls: vec![],
+                finish_reason: FinishReason::Stop,
+            }],
+            usage: Usage {
+                prompt_tokens: u32::MAX,
+                completion_tokens: 3,
+                cached_input_tokens: 0,
+            },
+            latency: Duration::from_millis(850),
+            attempts: vec![],
+        };
+        assert_eq!(res.text(), "hi");
+        assert_eq!(res.finish_reason(), Some(FinishReason::Stop));
+        assert_eq!(res.usage.total_tokens(), u32::MAX);
+        let json = serde_json::to_value(&res).expect("json");
+        assert_eq!(json["latency"], 850);
+    }
+
+    #[test]
+    fn joined_text_skips_images() {
+        let m = Message {
+            role: Role::User,
+            content: vec![
+                ContentPart::Text { text: "a".into() },
+                ContentPart::ImageUrl {
+                    url: "data:".into(),
+                },
+                ContentPart::Text { text: "b".into() },
+            ],
+            tool_calls: vec![],
+            tool_call_id: None,
+        };
+        assert_eq!(m.joined_text(), "ab");
+    }
+}

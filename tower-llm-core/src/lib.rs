@@ -1,0 +1,72 @@
+//! The shared vocabulary of [tower-llm]: how every layer and provider talks
+//! about failure, time and attempts.
+//!
+//! - [`FailureClass`]: the closed set of reasons a call fails, each with a
+//!   [`Disposition`] (retry? trip the breaker? fail over?) that a
+//!   [`FailurePolicy`] can override.
+//! - [`Failure`]: the one structured error type, `hyper::Error`-style.
+//! - [`Classify`]: maps `&Result<Res, E>` to an [`Outcome`], with defaults for
+//!   typed chat calls ([`ChatClassifier`]) and raw HTTP ([`HttpClassifier`]:
+//!   status, `Retry-After`, `retry-after-ms`, `x-should-retry`).
+//! - [`Deadline`]: the call's absolute deadline, carried in the request's
+//!   [`http::Extensions`] ([`HasExtensions`] gives access for any request).
+//! - [`AttemptLog`]: one [`AttemptRecord`] per attempt, at most
+//!   [`MAX_ATTEMPTS_PER_CALL`], returned with the response and the error.
+//! - [`ChatRequest`], [`ChatResponse`], [`ChatChunk`]: provider-neutral chat types.
+//!
+//! This crate depends on no other tower-llm crate and has no `tower`
+//! dependency: it is vocabulary only.
+//!
+//! ```
+//! use http::{HeaderMap, StatusCode};
+//! use tower_llm_core::{classify_status, FailureClass, FailurePolicy, Outcome};
+//!
+//! let mut headers = HeaderMap::new();
+//! headers.insert("retry-after", "5".parse().unwrap());
+//! let Outcome::Failure(failed) = classify_status(StatusCode::TOO_MANY_REQUESTS, &headers) else {
+//!     unreachable!()
+//! };
+//! assert_eq!(failed.class, FailureClass::RateLimited);
+//! assert_eq!(failed.retry_after, Some(std::time::Duration::from_secs(5)));
+//! let what_to_do = FailurePolicy::default().disposition(&failed);
+//! assert!(what_to_do.retry && what_to_do.failover);
+//! ```
+//!
+//! # Feature flags
+//!
+//! None yet; the crate is always `std`.
+//!
+//! [tower-llm]: https://docs.rs/tower-llm
+
+mod attempt;
+mod chat;
+mod class;
+mod classify;
+mod deadline;
+mod error;
+mod extensions;
+mod link;
+mod retry_after;
+mod serde_millis;
+
+pub use attempt::{
+    AttemptLog, AttemptOutcome, AttemptRecord, Attempts, MAX_ATTEMPTS_PER_CALL, NextStep,
+    RecordsAttempts,
+};
+pub use chat::{
+    ChatChunk, ChatRequest, ChatResponse, Choice, ContentPart, FinishReason, Message, Role, Tool,
+    ToolCall, ToolCallDelta, ToolChoice, Usage,
+};
+pub use class::{Disposition, FailureClass, FailurePolicy};
+pub use classify::{
+    ChatClassifier, Classified, Classify, HttpClassifier, Outcome, X_SHOULD_RETRY, classify_status,
+    should_retry,
+};
+pub use deadline::Deadline;
+pub use error::{BoxError, Failure};
+pub use extensions::HasExtensions;
+pub use link::Link;
+pub use retry_after::{
+    MAX_RETRY_AFTER, RETRY_AFTER_MS, parse_retry_after, parse_retry_after_ms, retry_after,
+    retry_after_at,
+};

@@ -1,0 +1,76 @@
+//! Which provider and model one attempt is going to.
+
+use std::sync::Arc;
+
+use http::Extensions;
+
+/// A small descriptor of the link being called: provider name, model and
+/// its position in a fallback chain (0 = primary).
+///
+/// The fallback layer puts one into the request's extensions for each link
+/// it tries; retry and breaker read it for attempt records, metric labels
+/// and breaker keys. Cloning is two reference-count increments.
+///
+/// ```
+/// use tower_llm_core::Link;
+///
+/// let link = Link::new("anthropic", "claude-sonnet-4-5").with_position(1);
+/// let mut ext = http::Extensions::new();
+/// ext.insert(link.clone());
+/// assert_eq!(Link::of(&ext), Some(&link));
+/// assert_eq!(link.provider(), "anthropic");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Link {
+    provider: Arc<str>,
+    model: Arc<str>,
+    position: u8,
+}
+
+impl Link {
+    /// A primary link (position 0).
+    pub fn new(provider: impl Into<Arc<str>>, model: impl Into<Arc<str>>) -> Self {
+        Link {
+            provider: provider.into(),
+            model: model.into(),
+            position: 0,
+        }
+    }
+
+    /// Sets the position in the fallback chain.
+    #[must_use]
+    pub fn with_position(mut self, position: u8) -> Self {
+        self.position = position;
+        self
+    }
+
+    /// The provider name, as used in metric labels (for example `"openai"`).
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// The provider name as a shared string (cheap to clone).
+    pub fn provider_arc(&self) -> &Arc<str> {
+        &self.provider
+    }
+
+    /// The model id.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// The model id as a shared string (cheap to clone).
+    pub fn model_arc(&self) -> &Arc<str> {
+        &self.model
+    }
+
+    /// The position in the fallback chain (0 = primary).
+    pub fn position(&self) -> u8 {
+        self.position
+    }
+
+    /// The link stored in `extensions`, if any.
+    pub fn of(extensions: &Extensions) -> Option<&Link> {
+        extensions.get::<Link>()
+    }
+}

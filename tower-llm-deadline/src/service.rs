@@ -1,0 +1,81 @@
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower_llm_core::{AttemptLog, BoxError, Deadline, Failure, HasExtensions, RecordsAttempts};
+use tower_service::Service;
+
+use crate::{DeadlineLayer, ResponseFuture, header_timeout};
+
+/// Enforces one absolute deadline per call: see the [crate docs](crate).
+///
+/// Built by [`DeadlineLayer`].
+#[derive(Debug, Clone)]
+pub struct EnforceDeadline<S> {
+    inner: S,
+    budget: Duration,
+}
+
+impl<S> EnforceDeadline<S> {
+    /// Wraps `inner`, giving each call at most `budget`.
+    pub const fn new(inner: S, budget: Duration) -> Self {
+        EnforceDeadline { inner, budget }
+    }
+
+    /// A [`DeadlineLayer`] with this budget.
+    pub const fn layer(budget: Duration) -> DeadlineLayer {
+        DeadlineLayer::new(budget)
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, Req> Service<Req> for EnforceDeadline<S>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    S::Response: RecordsAttempts,
+    Req: HasExtensions,
+{
+    type Response = S::Response;
+    type Error = Failure;
+    type Future = ResponseFuture<S::Future>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| Failure::from_error(e.into()))
+    }
+
+    fn call(&mut self, mut req: Req) -> Self::Future {
+        let now = Instant::now();
+        let mut deadline = Deadline::after_from(now, self.budget);
+        if let Some(timeout) = req.headers().and_then(header_timeout) {
+            deadline = deadline.min(Deadline::after_from(now, timeout));
+        }
+        let extensions = req.extensions_mut();
+        let deadline = deadline.store(extensions);
+        let log = AttemptLog::install(extensions);
+        let inner = if deadline.instant() <= now {
+            // Nothing can finish in no time: do not spend a provider call.
+            None
+        } else {
+            Some(self.inner.call(req))
+        };
+        ResponseFuture::new(inner, deadline, log)
+    }
+}
