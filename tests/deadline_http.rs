@@ -1,0 +1,225 @@
+//! The deadline layer over real HTTP on loopback: around a plain hyper-util
+//! client (outbound), and inside a hyper server reading `grpc-timeout` /
+//! `x-request-timeout-ms` from the wire (inbound). Virtual time throughout.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tower::{ServiceBuilder, ServiceExt, service_fn};
+use tower_llm::prelude::*;
+use tower_llm::{Classify, HttpClassifier, Outcome};
+
+struct DropFlag(Arc<AtomicBool>);
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Serves `svc` on a fresh loopback port, one task per connection.
+async fn serve<S>(svc: S) -> SocketAddr
+where
+    S: tower::Service<
+            http::Request<Incoming>,
+            Response = http::Response<Full<Bytes>>,
+            Error = Failure,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let svc = svc.clone();
+                    async move {
+                        Ok::<_, Infallible>(match svc.oneshot(req).await {
+                            Ok(res) => res,
+                            Err(e) => {
+                                let mut res = http::Response::new(Full::from(e.to_string()));
+                                *res.status_mut() = http::StatusCode::GATEWAY_TIMEOUT;
+                                res
+                            }
+                        })
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// A provider stand-in: `/slow` never answers (and flags when its handler
+/// is dropped), `/429` is rate limited, anything else answers at once.
+async fn provider(flag: Arc<AtomicBool>) -> SocketAddr {
+    serve(service_fn(move |req: http::Request<Incoming>| {
+        let flag = flag.clone();
+        async move {
+            match req.uri().path() {
+                "/slow" => {
+                    let _guard = DropFlag(flag);
+                    std::future::pending::<()>().await;
+                    unreachable!()
+                }
+                "/429" => Ok(http::Response::builder()
+                    .status(429)
+                    .header("retry-after", "7")
+                    .header("x-should-retry", "true")
+                    .body(Full::from("{}"))
+                    .expect("response")),
+                _ => Ok(http::Response::new(Full::from("hello"))),
+            }
+        }
+    }))
+    .await
+}
+
+fn get(addr: SocketAddr, path: &str) -> http::Request<Empty<Bytes>> {
+    http::Request::get(format!("http://{addr}{path}"))
+        .body(Empty::new())
+        .expect("request")
+}
+
+#[tokio::test(start_paused = true)]
+async fn hyper_client_call_is_cut_at_the_deadline_and_cancelled() {
+    let handler_dropped = Arc::new(AtomicBool::new(false));
+    let addr = provider(handler_dropped.clone()).await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let svc = ServiceBuilder::new()
+        .llm_deadline(Duration::from_secs(5))
+        .service(client);
+
+    let start = Instant::now();
+    let err = svc
+        .clone()
+        .oneshot(get(addr, "/slow"))
+        .await
+        .expect_err("deadline");
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+
+    // Dropping the client's future closes the connection, so the server
+    // stops working on the abandoned request.
+    tokio::time::timeout(Duration::from_secs(1), async {
+        while !handler_dropped.load(Ordering::SeqCst) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("server-side handler dropped after the client gave up");
+
+    // The same stack serves a healthy path at once.
+    let start = Instant::now();
+    let res = svc.oneshot(get(addr, "/fast")).await.expect("ok");
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    let body = res.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&body[..], b"hello");
+}
+
+#[tokio::test(start_paused = true)]
+async fn real_429_is_classified_with_its_retry_after() {
+    let addr = provider(Arc::new(AtomicBool::new(false))).await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let svc = ServiceBuilder::new()
+        .llm_deadline(Duration::from_secs(5))
+        .service(client);
+    let result = svc.oneshot(get(addr, "/429")).await;
+    match HttpClassifier.classify(&result) {
+        Outcome::Failure(c) => {
+            assert_eq!(c.class, FailureClass::RateLimited);
+            assert_eq!(c.retry_after, Some(Duration::from_secs(7)));
+            assert_eq!(c.should_retry, Some(true));
+            assert_eq!(c.http_status, Some(http::StatusCode::TOO_MANY_REQUESTS));
+        }
+        Outcome::Success { .. } => panic!("429 classified as success"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn connection_refused_is_transient() {
+    // Bind then drop: nothing listens on this port any more.
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let err = ServiceBuilder::new()
+        .llm_deadline(Duration::from_secs(5))
+        .service(client)
+        .oneshot(get(addr, "/"))
+        .await
+        .expect_err("refused");
+    assert!(err.is_transient(), "{err:?}");
+    assert!(std::error::Error::source(&err).is_some());
+}
+
+/// A server whose handler reports the deadline it was given.
+async fn deadline_echo_server() -> SocketAddr {
+    serve(
+        ServiceBuilder::new()
+            .llm_deadline(Duration::from_secs(30))
+            .service(service_fn(|req: http::Request<Incoming>| async move {
+                let left = Deadline::remaining_in(req.extensions()).expect("deadline");
+                Ok::<_, Failure>(http::Response::new(Full::from(
+                    left.as_millis().to_string(),
+                )))
+            })),
+    )
+    .await
+}
+
+async fn remaining_ms(addr: SocketAddr, header: Option<(&'static str, &'static str)>) -> String {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let mut req = get(addr, "/");
+    if let Some((k, v)) = header {
+        req.headers_mut()
+            .insert(k, http::HeaderValue::from_static(v));
+    }
+    let res = client.request(req).await.expect("response");
+    let body = res.into_body().collect().await.expect("body").to_bytes();
+    String::from_utf8(body.to_vec()).expect("utf-8")
+}
+
+#[tokio::test(start_paused = true)]
+async fn inbound_timeout_headers_tighten_the_server_deadline() {
+    let addr = deadline_echo_server().await;
+    assert_eq!(remaining_ms(addr, None).await, "30000");
+    assert_eq!(
+        remaining_ms(addr, Some(("grpc-timeout", "2S"))).await,
+        "2000"
+    );
+    assert_eq!(
+        remaining_ms(addr, Some(("x-request-timeout-ms", "1500"))).await,
+        "1500"
+    );
+    // Looser than the budget: the budget stands. Garbage: ignored.
+    assert_eq!(
+        remaining_ms(addr, Some(("grpc-timeout", "1H"))).await,
+        "30000"
+    );
+    assert_eq!(
+        remaining_ms(addr, Some(("grpc-timeout", "soon"))).await,
+        "30000"
+    );
+}
