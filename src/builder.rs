@@ -5,6 +5,7 @@ use std::time::Duration;
 use tower::ServiceBuilder;
 use tower::layer::util::Stack;
 use tower_llm_deadline::DeadlineLayer;
+use tower_llm_retry::RetryLayer;
 
 mod sealed {
     pub trait Sealed<L> {}
@@ -48,10 +49,19 @@ mod sealed {
 pub trait ServiceBuilderExt<L>: sealed::Sealed<L> + Sized {
     /// Adds a [`DeadlineLayer`] giving each call at most `budget`.
     fn llm_deadline(self, budget: Duration) -> ServiceBuilder<Stack<DeadlineLayer, L>>;
+
+    /// Adds a [`RetryLayer`] (build it with `RetryLayer::new()` for chat
+    /// services or `RetryLayer::http()` for raw HTTP). Put it inside the
+    /// deadline and fallback layers, outside the breaker.
+    fn llm_retry<C>(self, retry: RetryLayer<C>) -> ServiceBuilder<Stack<RetryLayer<C>, L>>;
 }
 
 impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
     fn llm_deadline(self, budget: Duration) -> ServiceBuilder<Stack<DeadlineLayer, L>> {
         self.layer(DeadlineLayer::new(budget))
+    }
+
+    fn llm_retry<C>(self, retry: RetryLayer<C>) -> ServiceBuilder<Stack<RetryLayer<C>, L>> {
+        self.layer(retry)
     }
 }

@@ -15,8 +15,9 @@
 //! ```
 //!
 //! Available today: the shared vocabulary (re-exported at this crate's
-//! root from [`tower_llm_core`]) and the [`deadline`] layer. Retry, breaker,
-//! fallback and the provider services are being built in that order.
+//! root from [`tower_llm_core`]), the [`deadline`] layer and the [`retry`]
+//! layer. Breaker, fallback and the provider services are being built in
+//! that order.
 //!
 //! ```
 //! use std::time::Duration;
@@ -45,6 +46,7 @@
 //! |---|---|
 //! | [`tower_llm_core`] | failure classes, classifiers, deadline, attempt log, chat types |
 //! | [`tower_llm_deadline`] | [`DeadlineLayer`](deadline::DeadlineLayer) |
+//! | [`tower_llm_retry`] | [`RetryLayer`](retry::RetryLayer): backoff, `Retry-After`, per-attempt timeout, retry budget |
 //!
 //! # Feature flags
 //!
@@ -63,10 +65,20 @@ pub mod deadline {
     };
 }
 
+/// The retry layer ([`tower_llm_retry`]).
+pub mod retry {
+    pub use tower_llm_retry::{
+        Attempt, AttemptFuture, AttemptLayer, Backoff, Budget, FixedFraction, InvalidBackoff,
+        InvalidBudget, Jitter, RandomSource, ResponseFuture, Retry, RetryBudget, RetryLayer,
+        RetryPolicy, SplitMix64,
+    };
+}
+
 /// The names most programs need: `use tower_llm::prelude::*;`.
 pub mod prelude {
     pub use crate::ServiceBuilderExt;
     pub use crate::deadline::DeadlineLayer;
+    pub use crate::retry::{Backoff, RetryLayer};
     pub use tower_llm_core::{
         ChatRequest, ChatResponse, Deadline, Failure, FailureClass, HasExtensions, Message,
     };

@@ -36,6 +36,114 @@ pub enum NextStep {
     FailedOver,
 }
 
+/// Why the retry layer did not try a failed attempt again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryStop {
+    /// The failure class is not retryable under the failure policy, or the
+    /// provider said `x-should-retry: false`.
+    NotRetryable,
+    /// The link's `max_attempts` were used up.
+    AttemptsExhausted,
+    /// The retry budget shared by the layer's clones was spent (a failure
+    /// storm): the failure was returned without another attempt.
+    BudgetExhausted,
+    /// The backoff or `Retry-After` wait would end at or past the call's
+    /// deadline.
+    PastDeadline,
+}
+
+impl RetryStop {
+    /// A stable label for metrics and logs.
+    pub const fn as_metric_label(self) -> &'static str {
+        match self {
+            RetryStop::NotRetryable => "not_retryable",
+            RetryStop::AttemptsExhausted => "attempts_exhausted",
+            RetryStop::BudgetExhausted => "budget_exhausted",
+            RetryStop::PastDeadline => "past_deadline",
+        }
+    }
+}
+
+/// The seed-002 status of one attempt, derived from an [`AttemptRecord`]
+/// by [`AttemptRecord::status`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptStatus {
+    /// The attempt succeeded.
+    Succeeded,
+    /// Retried after a 5xx (or 408/409) answer.
+    RetriedAfter5xx,
+    /// Retried after a 429.
+    RetriedAfter429,
+    /// Retried after the per-attempt timeout fired.
+    RetriedAfterTimeout,
+    /// Retried after a connect error or connection reset (no HTTP answer).
+    RetriedAfterConnReset,
+    /// The next link of the fallback chain was tried.
+    FailedOver,
+    /// Bad request (400-class, context window, content filter): no retry, no failover.
+    Terminal400,
+    /// Model or endpoint not found: no retry, no failover.
+    Terminal404,
+    /// 401/403: no retry, no failover.
+    TerminalAuth,
+    /// The call's deadline passed during this attempt.
+    DeadlineExceededMidCall,
+    /// Any other final failure (retries exhausted, budget spent, quota,
+    /// open circuit with nothing left, invalid response, cancelled).
+    Failed,
+}
+
+impl AttemptStatus {
+    /// A stable label for metrics and logs.
+    pub const fn as_metric_label(self) -> &'static str {
+        match self {
+            AttemptStatus::Succeeded => "succeeded",
+            AttemptStatus::RetriedAfter5xx => "retried_after_5xx",
+            AttemptStatus::RetriedAfter429 => "retried_after_429",
+            AttemptStatus::RetriedAfterTimeout => "retried_after_timeout",
+            AttemptStatus::RetriedAfterConnReset => "retried_after_conn_reset",
+            AttemptStatus::FailedOver => "failed_over",
+            AttemptStatus::Terminal400 => "terminal_400",
+            AttemptStatus::Terminal404 => "terminal_404",
+            AttemptStatus::TerminalAuth => "terminal_auth",
+            AttemptStatus::DeadlineExceededMidCall => "deadline_exceeded_mid_call",
+            AttemptStatus::Failed => "failed",
+        }
+    }
+}
+
+/// Why a retry happened: the closed `reason` label set of
+/// `ai_router_retries_total` (seed 002 §1 item 14).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RetryReason {
+    /// An HTTP 5xx-class answer.
+    #[serde(rename = "5xx")]
+    Status5xx,
+    /// An HTTP 429 / throttling answer.
+    #[serde(rename = "429")]
+    Status429,
+    /// The per-attempt timeout.
+    #[serde(rename = "timeout")]
+    Timeout,
+    /// A connect error or reset: no HTTP answer at all.
+    #[serde(rename = "conn_reset")]
+    ConnReset,
+}
+
+impl RetryReason {
+    /// The label: `5xx`, `429`, `timeout` or `conn_reset`.
+    pub const fn as_metric_label(self) -> &'static str {
+        match self {
+            RetryReason::Status5xx => "5xx",
+            RetryReason::Status429 => "429",
+            RetryReason::Timeout => "timeout",
+            RetryReason::ConnReset => "conn_reset",
+        }
+    }
+}
+
 /// One attempt of a logical call (seed 002 `AttemptRecord`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptRecord {
@@ -57,6 +165,9 @@ pub struct AttemptRecord {
     /// HTTP status of the answer; `None` when no answer came (timeout,
     /// connect error, open circuit).
     pub http_status: Option<u16>,
+    /// For a failed attempt the retry layer did not repeat: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_stop: Option<RetryStop>,
 }
 
 impl AttemptRecord {
@@ -71,6 +182,49 @@ impl AttemptRecord {
             next: NextStep::Returned,
             elapsed,
             http_status: None,
+            retry_stop: None,
+        }
+    }
+
+    /// The seed-002 status of this attempt.
+    pub fn status(&self) -> AttemptStatus {
+        let class = match self.outcome {
+            AttemptOutcome::Succeeded => return AttemptStatus::Succeeded,
+            AttemptOutcome::Failed(class) => class,
+        };
+        match self.next {
+            NextStep::Retried => match self.retry_reason() {
+                Some(RetryReason::Status429) => AttemptStatus::RetriedAfter429,
+                Some(RetryReason::Timeout) => AttemptStatus::RetriedAfterTimeout,
+                Some(RetryReason::ConnReset) => AttemptStatus::RetriedAfterConnReset,
+                Some(RetryReason::Status5xx) | None => AttemptStatus::RetriedAfter5xx,
+            },
+            NextStep::FailedOver => AttemptStatus::FailedOver,
+            NextStep::Returned => match class {
+                FailureClass::BadRequest
+                | FailureClass::ContextWindowExceeded
+                | FailureClass::ContentFiltered => AttemptStatus::Terminal400,
+                FailureClass::NotFound => AttemptStatus::Terminal404,
+                FailureClass::Auth => AttemptStatus::TerminalAuth,
+                FailureClass::DeadlineExceeded => AttemptStatus::DeadlineExceededMidCall,
+                _ => AttemptStatus::Failed,
+            },
+        }
+    }
+
+    /// The `ai_router_retries_total` reason of a failed attempt, by its
+    /// class and whether an HTTP answer came: `None` for a success or a
+    /// class that is never a retry reason.
+    pub fn retry_reason(&self) -> Option<RetryReason> {
+        match self.outcome {
+            AttemptOutcome::Succeeded => None,
+            AttemptOutcome::Failed(FailureClass::RateLimited) => Some(RetryReason::Status429),
+            AttemptOutcome::Failed(FailureClass::Timeout) => Some(RetryReason::Timeout),
+            AttemptOutcome::Failed(FailureClass::Transient) => Some(match self.http_status {
+                Some(_) => RetryReason::Status5xx,
+                None => RetryReason::ConnReset,
+            }),
+            AttemptOutcome::Failed(_) => None,
         }
     }
 
@@ -119,30 +273,35 @@ impl AttemptRecord {
 /// assert!(err.is_invalid_response());
 /// assert_eq!(owned.take().len(), 16);
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct AttemptLog {
     records: Arc<Mutex<Vec<AttemptRecord>>>,
 }
 
 impl AttemptLog {
-    /// An empty log (it allocates its storage on the first record).
+    /// An empty log, with room for [`INITIAL_CAPACITY`](Self::INITIAL_CAPACITY)
+    /// records allocated up front, so that recording an ordinary call's
+    /// attempts allocates nothing on the request path.
     pub fn new() -> Self {
-        AttemptLog::default()
+        AttemptLog {
+            records: Arc::new(Mutex::new(Vec::with_capacity(Self::INITIAL_CAPACITY))),
+        }
     }
+
+    /// Records allocated up front: a primary with its 3 attempts and one
+    /// fallback answer.
+    pub const INITIAL_CAPACITY: usize = 4;
 
     /// Puts a new log into `extensions` unless one is there. Returns the log
     /// if this call created it (the caller is then its owner and must attach
     /// it when the call ends), `None` if an outer layer already owns one.
     pub fn install(extensions: &mut Extensions) -> Option<AttemptLog> {
-        let log = AttemptLog::new();
-        match extensions.insert(log.clone()) {
-            None => Some(log),
-            Some(outer) => {
-                // An outer layer owns the log: put it back.
-                extensions.insert(outer);
-                None
-            }
+        if extensions.get::<AttemptLog>().is_some() {
+            return None;
         }
+        let log = AttemptLog::new();
+        extensions.insert(log.clone());
+        Some(log)
     }
 
     /// The log in `extensions`, if any.
@@ -163,24 +322,32 @@ impl AttemptLog {
         if records.len() >= MAX_ATTEMPTS_PER_CALL {
             return Err(Failure::attempts_cap_exceeded());
         }
-        if records.capacity() == 0 {
-            records.reserve_exact(4);
-        }
         records.push(record);
         Ok(())
     }
 
-    /// Changes what happened after the latest attempt (for example, the
-    /// fallback layer marks it [`NextStep::FailedOver`]). Returns `false`
-    /// when the log is empty.
-    pub fn set_last_next(&self, next: NextStep) -> bool {
+    /// `true` once [`MAX_ATTEMPTS_PER_CALL`] records are in: a layer must
+    /// not start another attempt.
+    pub fn is_full(&self) -> bool {
+        self.lock().len() >= MAX_ATTEMPTS_PER_CALL
+    }
+
+    /// Changes the latest record in place (for example, the retry layer
+    /// marks it [`NextStep::Retried`], the fallback layer
+    /// [`NextStep::FailedOver`]). Returns `false` when the log is empty.
+    pub fn update_last(&self, f: impl FnOnce(&mut AttemptRecord)) -> bool {
         match self.lock().last_mut() {
             Some(r) => {
-                r.next = next;
+                f(r);
                 true
             }
             None => false,
         }
+    }
+
+    /// Changes what happened after the latest attempt; see [`update_last`](Self::update_last).
+    pub fn set_last_next(&self, next: NextStep) -> bool {
+        self.update_last(|r| r.next = next)
     }
 
     /// Number of records so far.
@@ -202,7 +369,34 @@ impl AttemptLog {
     pub fn take(&self) -> Vec<AttemptRecord> {
         std::mem::take(&mut *self.lock())
     }
+
+    /// For the log's owner when the call ends: takes the records and
+    /// attaches them to the response ([`RecordsAttempts`]) or the error
+    /// ([`Failure::attempts`]). Attaches nothing when no attempt was recorded.
+    pub fn attach<Res: RecordsAttempts>(&self, result: &mut Result<Res, Failure>) {
+        let attempts = self.take();
+        if attempts.is_empty() {
+            return;
+        }
+        match result {
+            Ok(res) => res.record_attempts(attempts),
+            Err(failure) => failure.set_attempts(attempts),
+        }
+    }
 }
+
+impl Default for AttemptLog {
+    fn default() -> Self {
+        AttemptLog::new()
+    }
+}
+
+/// A request extension saying "this request cannot be sent twice" (for
+/// example, its body is a one-shot stream). The retry layer sends such a
+/// request once and never retries it; the fallback layer does not replay it
+/// on another link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NotReplayable;
 
 /// The attempt records of a finished call, as attached to an
 /// [`http::Response`]'s extensions.
@@ -291,6 +485,82 @@ mod tests {
         assert_eq!(json["next"], "returned");
         let back: AttemptRecord = serde_json::from_value(json).expect("back");
         assert_eq!(back, rec(1));
+    }
+
+    #[test]
+    fn seed_statuses_are_derived() {
+        use AttemptStatus::*;
+        let link = Link::new("p", "m");
+        let r = |outcome, next, status: Option<u16>| {
+            AttemptRecord::new(&link, 1, outcome, Duration::ZERO)
+                .with_next(next)
+                .with_http_status(status)
+                .status()
+        };
+        let f = AttemptOutcome::Failed;
+        assert_eq!(
+            r(AttemptOutcome::Succeeded, NextStep::Returned, Some(200)),
+            Succeeded
+        );
+        assert_eq!(
+            r(f(FailureClass::Transient), NextStep::Retried, Some(503)),
+            RetriedAfter5xx
+        );
+        assert_eq!(
+            r(f(FailureClass::Transient), NextStep::Retried, None),
+            RetriedAfterConnReset
+        );
+        assert_eq!(
+            r(f(FailureClass::RateLimited), NextStep::Retried, Some(429)),
+            RetriedAfter429
+        );
+        assert_eq!(
+            r(f(FailureClass::Timeout), NextStep::Retried, None),
+            RetriedAfterTimeout
+        );
+        assert_eq!(
+            r(f(FailureClass::Transient), NextStep::FailedOver, Some(503)),
+            FailedOver
+        );
+        assert_eq!(
+            r(f(FailureClass::BadRequest), NextStep::Returned, Some(400)),
+            Terminal400
+        );
+        assert_eq!(
+            r(f(FailureClass::NotFound), NextStep::Returned, Some(404)),
+            Terminal404
+        );
+        assert_eq!(
+            r(f(FailureClass::Auth), NextStep::Returned, Some(401)),
+            TerminalAuth
+        );
+        assert_eq!(
+            r(f(FailureClass::DeadlineExceeded), NextStep::Returned, None),
+            DeadlineExceededMidCall
+        );
+        assert_eq!(
+            r(f(FailureClass::Transient), NextStep::Returned, Some(503)),
+            Failed
+        );
+    }
+
+    #[test]
+    fn attach_goes_to_response_or_error_and_skips_empty_logs() {
+        let log = AttemptLog::new();
+        let mut ok: Result<http::Response<()>, Failure> = Ok(http::Response::new(()));
+        log.attach(&mut ok);
+        assert!(
+            ok.as_ref()
+                .expect("ok")
+                .extensions()
+                .get::<Attempts>()
+                .is_none()
+        );
+        log.push(rec(1)).expect("push");
+        let mut err: Result<http::Response<()>, Failure> = Err(Failure::deadline_exceeded());
+        log.attach(&mut err);
+        assert_eq!(err.expect_err("err").attempts(), &[rec(1)]);
+        assert!(log.is_empty());
     }
 
     #[test]

@@ -50,8 +50,8 @@ mod retry_after;
 mod serde_millis;
 
 pub use attempt::{
-    AttemptLog, AttemptOutcome, AttemptRecord, Attempts, MAX_ATTEMPTS_PER_CALL, NextStep,
-    RecordsAttempts,
+    AttemptLog, AttemptOutcome, AttemptRecord, AttemptStatus, Attempts, MAX_ATTEMPTS_PER_CALL,
+    NextStep, NotReplayable, RecordsAttempts, RetryReason, RetryStop,
 };
 pub use chat::{
     ChatChunk, ChatRequest, ChatResponse, Choice, ContentPart, FinishReason, Message, Role, Tool,

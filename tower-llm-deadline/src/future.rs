@@ -6,6 +6,17 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep_until};
 use tower_llm_core::{AttemptLog, BoxError, Deadline, Failure, RecordsAttempts};
 
+/// Attaches the attempt log this layer owns, if it owns one.
+fn finish<Res: RecordsAttempts>(
+    log: Option<AttemptLog>,
+    mut result: Result<Res, Failure>,
+) -> Result<Res, Failure> {
+    if let Some(log) = log {
+        log.attach(&mut result);
+    }
+    result
+}
+
 pin_project! {
     /// Response future of [`EnforceDeadline`](crate::EnforceDeadline).
     ///
@@ -68,21 +79,4 @@ where
         this.inner.set(None);
         Poll::Ready(finish(this.log.take(), Err(Failure::deadline_exceeded())))
     }
-}
-
-/// Attaches the attempt log this layer owns (if any was recorded).
-fn finish<Res: RecordsAttempts>(
-    log: Option<AttemptLog>,
-    mut result: Result<Res, Failure>,
-) -> Result<Res, Failure> {
-    if let Some(log) = log {
-        let attempts = log.take();
-        if !attempts.is_empty() {
-            match &mut result {
-                Ok(res) => res.record_attempts(attempts),
-                Err(failure) => failure.set_attempts(attempts),
-            }
-        }
-    }
-    result
 }

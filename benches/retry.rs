@@ -1,0 +1,140 @@
+//! Per-call cost of the retry layer on the success path (no retry), side by
+//! side with the bare service and `tower::retry::Retry`, plus heap
+//! allocations per call from a counting global allocator.
+//!
+//! ```text
+//! cargo bench --bench retry
+//! ```
+//!
+//! All variants call an `http::Request<()>` service that answers at once,
+//! polled once with a no-op waker inside a tokio runtime context.
+//! `tower::retry::Retry` runs a policy that keeps a copy of the request (as
+//! any policy that may retry must) and never retries.
+
+use std::alloc::System;
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+use tower::{Layer, Service, ServiceBuilder, service_fn};
+use tower_llm::Failure;
+use tower_llm::deadline::DeadlineLayer;
+use tower_llm::retry::RetryLayer;
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// A policy that keeps a copy of the request and never retries.
+#[derive(Clone)]
+struct NeverRetry;
+
+impl<Req: Clone, Res, E> tower::retry::Policy<Req, Res, E> for NeverRetry {
+    type Future = std::future::Ready<()>;
+    fn retry(&mut self, _: &mut Req, _: &mut Result<Res, E>) -> Option<Self::Future> {
+        None
+    }
+    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        Some(req.clone())
+    }
+}
+
+fn now_or_never<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("the benchmarked service is always ready"),
+    }
+}
+
+fn call<S>(svc: &mut S) -> bool
+where
+    S: Service<http::Request<()>, Response = http::Response<()>>,
+{
+    if now_or_never(std::future::poll_fn(|cx| svc.poll_ready(cx))).is_err() {
+        return false;
+    }
+    now_or_never(svc.call(black_box(http::Request::new(())))).is_ok()
+}
+
+/// Heap allocations and bytes per call, over 10,000 calls.
+fn allocations<S>(svc: &mut S) -> (f64, f64)
+where
+    S: Service<http::Request<()>, Response = http::Response<()>>,
+{
+    const N: usize = 10_000;
+    call(svc);
+    let region = Region::new(GLOBAL);
+    for _ in 0..N {
+        call(svc);
+    }
+    let stats = region.change();
+    let allocs = stats.allocations + stats.reallocations;
+    (
+        allocs as f64 / N as f64,
+        stats.bytes_allocated as f64 / N as f64,
+    )
+}
+
+type Bare = tower::util::ServiceFn<
+    fn(http::Request<()>) -> std::future::Ready<Result<http::Response<()>, Failure>>,
+>;
+
+fn bare() -> Bare {
+    service_fn(|_req: http::Request<()>| std::future::ready(Ok(http::Response::new(()))))
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let _guard = rt.enter();
+    let budget = Duration::from_secs(30);
+    let retry = RetryLayer::http();
+
+    let mut report = Vec::new();
+    let mut group = c.benchmark_group("retry");
+
+    let mut svc = bare();
+    report.push(("bare", allocations(&mut svc)));
+    group.bench_function("bare", |b| b.iter(|| call(&mut svc)));
+
+    let mut svc = tower::retry::RetryLayer::new(NeverRetry).layer(bare());
+    report.push(("tower_retry", allocations(&mut svc)));
+    group.bench_function("tower_retry", |b| b.iter(|| call(&mut svc)));
+
+    let mut svc = retry.layer(bare());
+    report.push(("llm_retry", allocations(&mut svc)));
+    group.bench_function("llm_retry", |b| b.iter(|| call(&mut svc)));
+
+    let mut svc = DeadlineLayer::new(budget).layer(bare());
+    report.push(("llm_deadline", allocations(&mut svc)));
+    group.bench_function("llm_deadline", |b| b.iter(|| call(&mut svc)));
+
+    let mut svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(budget))
+        .layer(tower::retry::RetryLayer::new(NeverRetry))
+        .service(bare());
+    report.push(("llm_deadline+tower_retry", allocations(&mut svc)));
+    group.bench_function("llm_deadline+tower_retry", |b| b.iter(|| call(&mut svc)));
+
+    let mut svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(budget))
+        .layer(retry.clone())
+        .service(bare());
+    report.push(("llm_deadline+llm_retry", allocations(&mut svc)));
+    group.bench_function("llm_deadline+llm_retry", |b| b.iter(|| call(&mut svc)));
+    group.finish();
+
+    println!("\nheap allocations per call (success path):");
+    for (name, (allocs, bytes)) in report {
+        println!("  {name:<24} {allocs:>5.2} allocations, {bytes:>7.1} bytes");
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,248 @@
+//! One attempt: per-attempt timeout, deadline check, attempt record.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep, sleep_until};
+use tower_layer::Layer;
+use tower_llm_core::{
+    AttemptLog, AttemptOutcome, AttemptRecord, BoxError, Classify, Deadline, Failure, FailureClass,
+    HasExtensions, Link, Outcome,
+};
+use tower_service::Service;
+
+use crate::policy::{AttemptNo, Shared};
+
+/// Wraps each attempt of a [`RetryLayer`](crate::RetryLayer): see [`Attempt`].
+///
+/// Only needed on its own when using [`RetryPolicy`](crate::RetryPolicy)
+/// inside `tower::retry::Retry`: put it inside the `Retry`.
+#[derive(Debug)]
+pub struct AttemptLayer<C> {
+    shared: Arc<Shared<C>>,
+}
+
+impl<C> Clone for AttemptLayer<C> {
+    fn clone(&self) -> Self {
+        AttemptLayer {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<C> AttemptLayer<C> {
+    pub(crate) fn from_shared(shared: Arc<Shared<C>>) -> Self {
+        AttemptLayer { shared }
+    }
+}
+
+impl<S, C> Layer<S> for AttemptLayer<C> {
+    type Service = Attempt<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Attempt {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// One attempt of a retried call.
+///
+/// - Refuses to start when the call's [`Deadline`] has passed (deadline
+///   exceeded) or the [`AttemptLog`] is full (attempts cap exceeded): the
+///   inner service is not called.
+/// - Bounds the attempt by `min(attempt_timeout, deadline)`: when the
+///   attempt timeout fires first the failure is
+///   [`Timeout`](FailureClass::Timeout) (retryable); when the deadline does,
+///   [`DeadlineExceeded`](FailureClass::DeadlineExceeded). The inner future
+///   is dropped at that moment.
+/// - Appends one [`AttemptRecord`] to the call's log when it ends.
+#[derive(Debug)]
+pub struct Attempt<S, C> {
+    inner: S,
+    shared: Arc<Shared<C>>,
+}
+
+impl<S: Clone, C> Clone for Attempt<S, C> {
+    fn clone(&self) -> Self {
+        Attempt {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S, C> Attempt<S, C> {
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, C, Req> Service<Req> for Attempt<S, C>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, Failure> + Clone,
+    Req: HasExtensions,
+{
+    type Response = S::Response;
+    type Error = Failure;
+    type Future = AttemptFuture<S::Future, C>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| Failure::from_error(e.into()))
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let shared = &*self.shared;
+        let start = Instant::now();
+        let ext = req.extensions();
+        let log = AttemptLog::of(ext).cloned();
+        let link = Link::of(ext).unwrap_or(&shared.link).clone();
+        let number = ext.get::<AttemptNo>().map_or(1, |n| n.0);
+        let deadline = Deadline::of(ext).map(Deadline::instant);
+
+        let timeout_at = start
+            .checked_add(shared.attempt_timeout)
+            .unwrap_or_else(|| start + std::time::Duration::from_secs(86_400 * 365));
+        let (until, deadline_bound) = match deadline {
+            Some(d) if d <= timeout_at => (d, true),
+            _ => (timeout_at, false),
+        };
+
+        let early = if deadline.is_some_and(|d| d <= start) {
+            Some(Failure::deadline_exceeded())
+        } else if log.as_ref().is_some_and(AttemptLog::is_full) {
+            Some(Failure::attempts_cap_exceeded())
+        } else {
+            None
+        };
+        let inner = match early {
+            Some(_) => None,
+            None => Some(self.inner.call(req)),
+        };
+        AttemptFuture {
+            inner,
+            sleep: None,
+            until,
+            deadline_bound,
+            early,
+            record: Some(Pending {
+                start,
+                link,
+                number,
+                log,
+            }),
+            classifier: shared.classifier.clone(),
+        }
+    }
+}
+
+/// What the attempt record needs when the attempt ends.
+#[derive(Debug)]
+struct Pending {
+    start: Instant,
+    link: Link,
+    number: u8,
+    log: Option<AttemptLog>,
+}
+
+pin_project! {
+    /// Response future of [`Attempt`].
+    #[derive(Debug)]
+    pub struct AttemptFuture<F, C> {
+        #[pin]
+        inner: Option<F>,
+        // Armed on the first poll that finds the inner future pending.
+        #[pin]
+        sleep: Option<Sleep>,
+        until: Instant,
+        deadline_bound: bool,
+        early: Option<Failure>,
+        record: Option<Pending>,
+        classifier: C,
+    }
+}
+
+impl<F, C, Res, E> Future for AttemptFuture<F, C>
+where
+    F: Future<Output = Result<Res, E>>,
+    E: Into<BoxError>,
+    C: Classify<Res, Failure>,
+{
+    type Output = Result<Res, Failure>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if let Some(early) = this.early.take() {
+            return Poll::Ready(Err(early));
+        }
+        let result = match this.inner.as_mut().as_pin_mut() {
+            None => {
+                // Polled after completion: nothing left to give.
+                return Poll::Ready(Err(Failure::new(FailureClass::Cancelled)
+                    .with_message("attempt future polled after completion")));
+            }
+            Some(inner) => match inner.poll(cx) {
+                Poll::Ready(result) => result.map_err(|e| Failure::from_error(e.into())),
+                Poll::Pending => {
+                    if this.sleep.is_none() {
+                        this.sleep.set(Some(sleep_until(*this.until)));
+                    }
+                    if let Some(sleep) = this.sleep.as_mut().as_pin_mut() {
+                        ready!(sleep.poll(cx));
+                    }
+                    Err(if *this.deadline_bound {
+                        Failure::deadline_exceeded()
+                    } else {
+                        Failure::new(FailureClass::Timeout).with_message("attempt timed out")
+                    })
+                }
+            },
+        };
+        this.inner.set(None);
+        let result = match (result, this.record.as_ref()) {
+            (Err(e), Some(p)) if e.provider().is_none() => Err(e
+                .with_provider(p.link.provider_arc().clone())
+                .with_model(p.link.model_arc().clone())),
+            (result, _) => result,
+        };
+        if let Some(p) = this.record.take() {
+            if let Some(log) = &p.log {
+                let outcome = this.classifier.classify(&result);
+                let record = AttemptRecord::new(
+                    &p.link,
+                    p.number,
+                    match outcome {
+                        Outcome::Success { .. } => AttemptOutcome::Succeeded,
+                        Outcome::Failure(c) => AttemptOutcome::Failed(c.class),
+                    },
+                    p.start.elapsed(),
+                )
+                .with_http_status(outcome.http_status().map(|s| s.as_u16()));
+                // Room was checked before the attempt started, and attempts
+                // of one call never overlap.
+                let _ = log.push(record);
+            }
+        }
+        Poll::Ready(result)
+    }
+}

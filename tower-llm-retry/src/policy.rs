@@ -1,0 +1,163 @@
+//! The retry decisions, as a `tower::retry::Policy`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Sleep;
+use tower::retry::Policy;
+use tower_llm_core::{
+    AttemptLog, Classify, Deadline, Failure, FailurePolicy, HasExtensions, Link, NextStep,
+    NotReplayable, Outcome, RetryStop,
+};
+
+use crate::{Backoff, Budget, RandomSource, RetryBudget, SplitMix64};
+
+/// The attempt number the next attempt on this link will carry; written
+/// into the retained request by the policy, read by the attempt service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AttemptNo(pub(crate) u8);
+
+/// Settings shared by every clone of a retry layer (behind one `Arc`).
+#[derive(Clone)]
+pub(crate) struct Shared<C> {
+    pub(crate) classifier: C,
+    pub(crate) failures: FailurePolicy,
+    pub(crate) max_attempts: u8,
+    pub(crate) attempt_timeout: Duration,
+    pub(crate) backoff: Backoff,
+    pub(crate) budget: Arc<dyn Budget + Send + Sync>,
+    pub(crate) rng: Arc<dyn RandomSource>,
+    pub(crate) link: Link,
+}
+
+impl<C: std::fmt::Debug> std::fmt::Debug for Shared<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RetrySettings")
+            .field("classifier", &self.classifier)
+            .field("max_attempts", &self.max_attempts)
+            .field("attempt_timeout", &self.attempt_timeout)
+            .field("backoff", &self.backoff)
+            .field("rng", &self.rng)
+            .field("link", &self.link)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> Shared<C> {
+    pub(crate) fn new(classifier: C) -> Self {
+        Shared {
+            classifier,
+            failures: FailurePolicy::default(),
+            max_attempts: 3,
+            attempt_timeout: Duration::from_secs(30),
+            backoff: Backoff::seed_default(),
+            budget: Arc::new(RetryBudget::seed_default()),
+            rng: Arc::new(SplitMix64::from_entropy()),
+            link: Link::new("default", ""),
+        }
+    }
+}
+
+/// The retry policy of [`RetryLayer`](crate::RetryLayer), usable on its own
+/// inside `tower::retry::Retry`.
+///
+/// It decides, after each attempt, whether to try again and how long to
+/// wait first; see the [crate docs](crate) for the rules. Used directly in
+/// tower's `Retry`, put [`AttemptLayer`](crate::AttemptLayer) inside it
+/// (per-attempt timeout and the attempt log) and a deadline layer outside
+/// it (which owns the log); [`RetryLayer`](crate::RetryLayer) does exactly
+/// that for you.
+///
+/// Cloning is one reference-count increment; tower clones the policy once
+/// per call, and the clone counts that call's attempts.
+#[derive(Debug)]
+pub struct RetryPolicy<C> {
+    pub(crate) shared: Arc<Shared<C>>,
+    attempts: u8,
+}
+
+impl<C> Clone for RetryPolicy<C> {
+    fn clone(&self) -> Self {
+        RetryPolicy {
+            shared: self.shared.clone(),
+            attempts: 0,
+        }
+    }
+}
+
+impl<C> RetryPolicy<C> {
+    pub(crate) fn new(shared: Arc<Shared<C>>) -> Self {
+        RetryPolicy {
+            shared,
+            attempts: 0,
+        }
+    }
+
+    /// Marks the record of the attempt just made, if it is the latest one.
+    fn mark(&self, req: &impl HasExtensions, f: impl FnOnce(&mut tower_llm_core::AttemptRecord)) {
+        if let Some(log) = AttemptLog::of(req.extensions()) {
+            let attempt = self.attempts;
+            log.update_last(|r| {
+                if r.attempt == attempt {
+                    f(r);
+                }
+            });
+        }
+    }
+
+    fn stop<Req: HasExtensions>(&self, req: &Req, why: RetryStop) -> Option<Sleep> {
+        self.mark(req, |r| r.retry_stop = Some(why));
+        None
+    }
+}
+
+impl<C, Req, Res> Policy<Req, Res, Failure> for RetryPolicy<C>
+where
+    C: Classify<Res, Failure>,
+    Req: Clone + HasExtensions,
+{
+    type Future = Sleep;
+
+    fn retry(&mut self, req: &mut Req, result: &mut Result<Res, Failure>) -> Option<Sleep> {
+        let shared = &*self.shared;
+        if self.attempts == 0 {
+            shared.budget.deposit();
+        }
+        self.attempts = self.attempts.saturating_add(1);
+        let failed = match shared.classifier.classify(result) {
+            Outcome::Success { .. } => return None,
+            Outcome::Failure(failed) => failed,
+        };
+        if !shared.failures.disposition(&failed).retry {
+            return self.stop(req, RetryStop::NotRetryable);
+        }
+        if self.attempts >= shared.max_attempts {
+            return self.stop(req, RetryStop::AttemptsExhausted);
+        }
+        // Retry-After wins over the schedule.
+        let delay = failed.retry_after.unwrap_or_else(|| {
+            shared
+                .backoff
+                .delay(u32::from(self.attempts - 1), shared.rng.next_fraction())
+        });
+        if let Some(deadline) = Deadline::of(req.extensions()) {
+            if delay >= deadline.remaining() {
+                return self.stop(req, RetryStop::PastDeadline);
+            }
+        }
+        if !shared.budget.withdraw() {
+            return self.stop(req, RetryStop::BudgetExhausted);
+        }
+        self.mark(req, |r| r.next = NextStep::Retried);
+        req.extensions_mut()
+            .insert(AttemptNo(self.attempts.saturating_add(1)));
+        Some(tokio::time::sleep(delay))
+    }
+
+    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        if req.extensions().get::<NotReplayable>().is_some() {
+            return None;
+        }
+        Some(req.clone())
+    }
+}
