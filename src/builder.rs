@@ -38,6 +38,7 @@ mod sealed {
 /// # async fn main() {
 /// let svc = ServiceBuilder::new()
 ///     .llm_deadline(Duration::from_secs(30))
+///     .llm_retry(RetryLayer::http().with_max_attempts(3))
 ///     .service(service_fn(|req: http::Request<()>| async move {
 ///         let left = Deadline::remaining_in(req.extensions()).unwrap();
 ///         Ok::<_, Failure>(http::Response::new(left))

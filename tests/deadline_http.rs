@@ -2,7 +2,6 @@
 //! client (outbound), and inside a hyper server reading `grpc-timeout` /
 //! `x-request-timeout-ms` from the wire (inbound). Virtual time throughout.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,62 +11,15 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 use tower_llm::prelude::*;
 use tower_llm::{Classify, HttpClassifier, Outcome};
 
-struct DropFlag(Arc<AtomicBool>);
-impl Drop for DropFlag {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-}
-
-/// Serves `svc` on a fresh loopback port, one task per connection.
-async fn serve<S>(svc: S) -> SocketAddr
-where
-    S: tower::Service<
-            http::Request<Incoming>,
-            Response = http::Response<Full<Bytes>>,
-            Error = Failure,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let svc = svc.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| {
-                    let svc = svc.clone();
-                    async move {
-                        Ok::<_, Infallible>(match svc.oneshot(req).await {
-                            Ok(res) => res,
-                            Err(e) => {
-                                let mut res = http::Response::new(Full::from(e.to_string()));
-                                *res.status_mut() = http::StatusCode::GATEWAY_TIMEOUT;
-                                res
-                            }
-                        })
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-    addr
-}
+mod common;
+use common::{DropFlag, serve};
 
 /// A provider stand-in: `/slow` never answers (and flags when its handler
 /// is dropped), `/429` is rate limited, anything else answers at once.

@@ -326,6 +326,28 @@ impl AttemptLog {
         Ok(())
     }
 
+    /// Reserves the record of an attempt that is about to start, checking
+    /// the cap under the same lock: returns the record's index for
+    /// [`finish`](Self::finish), or [`Failure::attempts_cap_exceeded`] (then
+    /// the attempt must not be made). The record stands as given until
+    /// finished, so an attempt cut short still shows in the log.
+    pub fn begin(&self, record: AttemptRecord) -> Result<usize, Failure> {
+        let mut records = self.lock();
+        if records.len() >= MAX_ATTEMPTS_PER_CALL {
+            return Err(Failure::attempts_cap_exceeded());
+        }
+        records.push(record);
+        Ok(records.len() - 1)
+    }
+
+    /// Completes the record reserved by [`begin`](Self::begin). Does
+    /// nothing if the log was taken in between.
+    pub fn finish(&self, index: usize, f: impl FnOnce(&mut AttemptRecord)) {
+        if let Some(r) = self.lock().get_mut(index) {
+            f(r);
+        }
+    }
+
     /// `true` once [`MAX_ATTEMPTS_PER_CALL`] records are in: a layer must
     /// not start another attempt.
     pub fn is_full(&self) -> bool {
@@ -457,6 +479,24 @@ mod tests {
         );
         assert_eq!(log.len(), 16);
         assert_eq!(log.snapshot().last().map(|r| r.attempt), Some(16));
+    }
+
+    #[test]
+    fn begin_reserves_and_finish_completes() {
+        let log = AttemptLog::new();
+        let i = log.begin(rec(1)).expect("room");
+        log.push(rec(2)).expect("room");
+        log.finish(i, |r| r.outcome = AttemptOutcome::Succeeded);
+        let records = log.snapshot();
+        assert_eq!(records[0].outcome, AttemptOutcome::Succeeded);
+        assert_eq!(records[1], rec(2));
+        for n in 3..=16 {
+            log.begin(rec(n)).expect("room");
+        }
+        assert!(log.is_full());
+        assert!(log.begin(rec(17)).expect_err("cap").is_invalid_response());
+        log.take();
+        log.finish(i, |_| panic!("taken records are gone"));
     }
 
     #[test]

@@ -2,13 +2,13 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderName, StatusCode};
 
 use crate::{ChatResponse, Failure, FailureClass};
 
 /// The header providers use to say whether a failed request is worth
 /// retrying (Anthropic, some OpenAI-compatible servers).
-pub const X_SHOULD_RETRY: &str = "x-should-retry";
+pub const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 
 /// A failure as the layers see it: its class plus the hints that shape what
 /// happens next.

@@ -185,6 +185,15 @@ impl Failure {
         self
     }
 
+    /// Sets the provider and model in place, if no provider is set yet (the
+    /// retry layer names the link an attempt went to this way).
+    pub fn set_origin_if_unset(&mut self, provider: Arc<str>, model: Arc<str>) {
+        if self.inner.provider.is_none() {
+            self.inner.provider = Some(provider);
+            self.inner.model = Some(model);
+        }
+    }
+
     /// Attaches the per-call attempt log in place.
     pub fn set_attempts(&mut self, attempts: Vec<AttemptRecord>) {
         self.inner.attempts = attempts;

@@ -15,8 +15,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::HeaderMap;
 use http::header::RETRY_AFTER;
+use http::{HeaderMap, HeaderName};
 
 /// The largest wait any retry-after header can ask for (one hour); larger
 /// values are clamped to this. Any wait this long exceeds every sensible
@@ -24,14 +24,14 @@ use http::header::RETRY_AFTER;
 pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// The `retry-after-ms` header name.
-pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+pub const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
 
 /// Reads the retry-after hint from response headers, measuring an HTTP-date
 /// against the system clock.
 ///
 /// ```
 /// use std::time::Duration;
-/// use http::HeaderMap;
+/// use http::{HeaderMap, HeaderName};
 ///
 /// let mut headers = HeaderMap::new();
 /// headers.insert("retry-after", "5".parse().unwrap());

@@ -2,17 +2,20 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The gRPC timeout header (`grpc-timeout: 1*8DIGIT unit`).
-pub const GRPC_TIMEOUT: &str = "grpc-timeout";
+pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
 /// A plain millisecond timeout header (`x-request-timeout-ms: 1500`).
-pub const X_REQUEST_TIMEOUT_MS: &str = "x-request-timeout-ms";
+pub const X_REQUEST_TIMEOUT_MS: HeaderName = HeaderName::from_static("x-request-timeout-ms");
 
 /// The tightest timeout among `grpc-timeout` and `x-request-timeout-ms`.
 /// Headers that do not parse are ignored.
 pub fn header_timeout(headers: &HeaderMap) -> Option<Duration> {
+    if headers.is_empty() {
+        return None;
+    }
     let grpc = headers.get(GRPC_TIMEOUT).and_then(parse_grpc_timeout);
     let ms = headers
         .get(X_REQUEST_TIMEOUT_MS)

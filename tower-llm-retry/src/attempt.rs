@@ -4,6 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep_until};
@@ -115,58 +116,57 @@ where
         let shared = &*self.shared;
         let start = Instant::now();
         let ext = req.extensions();
-        let log = AttemptLog::of(ext).cloned();
-        let link = Link::of(ext).unwrap_or(&shared.link).clone();
-        let number = ext.get::<AttemptNo>().map_or(1, |n| n.0);
         let deadline = Deadline::of(ext).map(Deadline::instant);
-
         let timeout_at = start
             .checked_add(shared.attempt_timeout)
-            .unwrap_or_else(|| start + std::time::Duration::from_secs(86_400 * 365));
+            .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365));
         let (until, deadline_bound) = match deadline {
             Some(d) if d <= timeout_at => (d, true),
             _ => (timeout_at, false),
         };
-
-        let early = if deadline.is_some_and(|d| d <= start) {
-            Some(Failure::deadline_exceeded())
-        } else if log.as_ref().is_some_and(AttemptLog::is_full) {
-            Some(Failure::attempts_cap_exceeded())
-        } else {
-            None
-        };
-        let inner = match early {
-            Some(_) => None,
-            None => Some(self.inner.call(req)),
-        };
-        AttemptFuture {
-            inner,
+        let mut fut = AttemptFuture {
+            inner: None,
             sleep: None,
             until,
             deadline_bound,
-            early,
-            record: Some(Pending {
-                start,
+            early: None,
+            record: None,
+            start,
+            classifier: shared.classifier.clone(),
+        };
+        if deadline.is_some_and(|d| d <= start) {
+            // Nothing starts after the deadline.
+            fut.early = Some(Failure::deadline_exceeded());
+            return fut;
+        }
+        if let Some(log) = AttemptLog::of(ext) {
+            let link = Link::of(ext).unwrap_or(&shared.link);
+            let number = ext.get::<AttemptNo>().map_or(1, |n| n.0);
+            // Until it ends, the attempt stands as cancelled.
+            let record = AttemptRecord::new(
                 link,
                 number,
-                log,
-            }),
-            classifier: shared.classifier.clone(),
+                AttemptOutcome::Failed(FailureClass::Cancelled),
+                Duration::ZERO,
+            );
+            match log.begin(record) {
+                Ok(index) => fut.record = Some((log.clone(), index)),
+                Err(cap) => {
+                    fut.early = Some(cap);
+                    return fut;
+                }
+            }
         }
+        fut.inner = Some(self.inner.call(req));
+        fut
     }
-}
-
-/// What the attempt record needs when the attempt ends.
-#[derive(Debug)]
-struct Pending {
-    start: Instant,
-    link: Link,
-    number: u8,
-    log: Option<AttemptLog>,
 }
 
 pin_project! {
     /// Response future of [`Attempt`].
+    ///
+    /// Dropped before it ends (the caller went away, or an outer deadline
+    /// fired), it marks its attempt record as cancelled or deadline exceeded.
     #[derive(Debug)]
     pub struct AttemptFuture<F, C> {
         #[pin]
@@ -177,8 +177,29 @@ pin_project! {
         until: Instant,
         deadline_bound: bool,
         early: Option<Failure>,
-        record: Option<Pending>,
+        // The call's log and this attempt's record in it, until finished.
+        record: Option<(AttemptLog, usize)>,
+        start: Instant,
         classifier: C,
+    }
+
+    impl<F, C> PinnedDrop for AttemptFuture<F, C> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some((log, index)) = this.record.take() {
+                let now = Instant::now();
+                let class = if *this.deadline_bound && now >= *this.until {
+                    FailureClass::DeadlineExceeded
+                } else {
+                    FailureClass::Cancelled
+                };
+                let elapsed = now.saturating_duration_since(*this.start);
+                log.finish(index, |r| {
+                    r.outcome = AttemptOutcome::Failed(class);
+                    r.elapsed = elapsed;
+                });
+            }
+        }
     }
 }
 
@@ -195,7 +216,7 @@ where
         if let Some(early) = this.early.take() {
             return Poll::Ready(Err(early));
         }
-        let result = match this.inner.as_mut().as_pin_mut() {
+        let mut result = match this.inner.as_mut().as_pin_mut() {
             None => {
                 // Polled after completion: nothing left to give.
                 return Poll::Ready(Err(Failure::new(FailureClass::Cancelled)
@@ -219,28 +240,24 @@ where
             },
         };
         this.inner.set(None);
-        let result = match (result, this.record.as_ref()) {
-            (Err(e), Some(p)) if e.provider().is_none() => Err(e
-                .with_provider(p.link.provider_arc().clone())
-                .with_model(p.link.model_arc().clone())),
-            (result, _) => result,
-        };
-        if let Some(p) = this.record.take() {
-            if let Some(log) = &p.log {
-                let outcome = this.classifier.classify(&result);
-                let record = AttemptRecord::new(
-                    &p.link,
-                    p.number,
-                    match outcome {
-                        Outcome::Success { .. } => AttemptOutcome::Succeeded,
-                        Outcome::Failure(c) => AttemptOutcome::Failed(c.class),
-                    },
-                    p.start.elapsed(),
-                )
-                .with_http_status(outcome.http_status().map(|s| s.as_u16()));
-                // Room was checked before the attempt started, and attempts
-                // of one call never overlap.
-                let _ = log.push(record);
+        if let Some((log, index)) = this.record.take() {
+            let outcome = this.classifier.classify(&result);
+            let elapsed = this.start.elapsed();
+            let mut link = None;
+            log.finish(index, |r| {
+                r.outcome = match outcome {
+                    Outcome::Success { .. } => AttemptOutcome::Succeeded,
+                    Outcome::Failure(c) => AttemptOutcome::Failed(c.class),
+                };
+                r.elapsed = elapsed;
+                r.http_status = outcome.http_status().map(|s| s.as_u16());
+                if result.is_err() {
+                    link = Some((r.provider.clone(), r.model.clone()));
+                }
+            });
+            // Name the provider and model in the error.
+            if let (Err(e), Some((provider, model))) = (&mut result, link) {
+                e.set_origin_if_unset(provider, model);
             }
         }
         Poll::Ready(result)

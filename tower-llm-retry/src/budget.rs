@@ -133,8 +133,15 @@ impl RetryBudget {
 
     fn epoch(&self) -> u64 {
         let elapsed = Instant::now().saturating_duration_since(self.origin);
-        // slot_len >= 100 ms, so this fits in u64 for any real uptime.
-        u64::try_from(elapsed.as_nanos() / self.slot_len.as_nanos()).unwrap_or(u64::MAX)
+        // Whole milliseconds: slots are at least 100 ms long, and u64
+        // division is several times cheaper than u128.
+        let slot_ms =
+            (self.slot_len.as_secs() * 1000 + u64::from(self.slot_len.subsec_millis())).max(1);
+        let elapsed_ms = elapsed
+            .as_secs()
+            .saturating_mul(1000)
+            .saturating_add(u64::from(elapsed.subsec_millis()));
+        elapsed_ms / slot_ms
     }
 
     /// Deposits and withdrawals within the window ending at `epoch`.

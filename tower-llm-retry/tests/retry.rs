@@ -362,6 +362,25 @@ async fn the_deadline_ends_an_attempt_as_deadline_exceeded_not_timeout() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_cancelled_attempt_stays_in_the_log_as_cancelled() {
+    let mock = Mock::new(&[Step::Hang]);
+    let mut r = req();
+    let log = AttemptLog::install(&mut r.extensions).expect("the test owns the log");
+    let call = tokio::spawn(RetryLayer::new().layer(mock.chat()).oneshot(r));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    call.abort();
+    assert!(call.await.expect_err("aborted").is_cancelled());
+    let records = log.snapshot();
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        records[0].outcome,
+        AttemptOutcome::Failed(FailureClass::Cancelled)
+    );
+    assert_eq!(records[0].elapsed, Duration::from_secs(3));
+    assert_eq!(mock.dropped.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
 async fn nothing_starts_after_the_deadline() {
     let mock = Mock::new(&[Step::Ok]);
     let svc = RetryLayer::new().layer(mock.chat());
