@@ -9,10 +9,6 @@
 //! response future once with a no-op waker inside a tokio runtime context;
 //! the inner service answers at once, so what is measured is the layer.
 
-use std::future::Future;
-use std::hint::black_box;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -20,22 +16,8 @@ use tower::{Layer, Service, service_fn};
 use tower_llm::Failure;
 use tower_llm::deadline::DeadlineLayer;
 
-/// Polls a future that must be ready at once.
-fn now_or_never<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => panic!("the benchmarked service is always ready"),
-    }
-}
-
-/// One call with a fresh request (no extensions allocated yet).
-fn call<S>(svc: &mut S) -> bool
-where
-    S: Service<http::Request<()>, Response = http::Response<()>>,
-{
-    call_with(svc, http::Request::new(()))
-}
+mod support;
+use support::{call, call_with};
 
 /// One call with a request whose extensions are already in use, as a
 /// server framework's requests usually are (axum adds its own entries).
@@ -50,17 +32,6 @@ where
 
 #[derive(Clone, Copy)]
 struct RouteTag(#[allow(dead_code)] u32);
-
-fn call_with<S>(svc: &mut S, req: http::Request<()>) -> bool
-where
-    S: Service<http::Request<()>, Response = http::Response<()>>,
-{
-    let ready = now_or_never(std::future::poll_fn(|cx| svc.poll_ready(cx)));
-    if ready.is_err() {
-        return false;
-    }
-    now_or_never(svc.call(black_box(req))).is_ok()
-}
 
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -12,10 +12,6 @@
 //! any policy that may retry must) and never retries.
 
 use std::alloc::System;
-use std::future::Future;
-use std::hint::black_box;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -24,6 +20,9 @@ use tower::{Layer, Service, ServiceBuilder, service_fn};
 use tower_llm::Failure;
 use tower_llm::deadline::DeadlineLayer;
 use tower_llm::retry::RetryLayer;
+
+mod support;
+use support::call;
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -40,24 +39,6 @@ impl<Req: Clone, Res, E> tower::retry::Policy<Req, Res, E> for NeverRetry {
     fn clone_request(&mut self, req: &Req) -> Option<Req> {
         Some(req.clone())
     }
-}
-
-fn now_or_never<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(v) => v,
-        Poll::Pending => panic!("the benchmarked service is always ready"),
-    }
-}
-
-fn call<S>(svc: &mut S) -> bool
-where
-    S: Service<http::Request<()>, Response = http::Response<()>>,
-{
-    if now_or_never(std::future::poll_fn(|cx| svc.poll_ready(cx))).is_err() {
-        return false;
-    }
-    now_or_never(svc.call(black_box(http::Request::new(())))).is_ok()
 }
 
 /// Heap allocations and bytes per call, over 10,000 calls.

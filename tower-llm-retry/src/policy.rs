@@ -93,12 +93,15 @@ impl<C> RetryPolicy<C> {
         }
     }
 
-    /// Marks the record of the attempt just made, if it is the latest one.
+    /// Marks the record of the attempt just made, if it is the latest one
+    /// (an attempt refused by the attempts cap left no record).
     fn mark(&self, req: &impl HasExtensions, f: impl FnOnce(&mut tower_llm_core::AttemptRecord)) {
-        if let Some(log) = AttemptLog::of(req.extensions()) {
+        let ext = req.extensions();
+        if let Some(log) = AttemptLog::of(ext) {
             let attempt = self.attempts;
+            let position = Link::of(ext).unwrap_or(&self.shared.link).position();
             log.update_last(|r| {
-                if r.attempt == attempt {
+                if r.attempt == attempt && r.fallback_position == position {
                     f(r);
                 }
             });
