@@ -13,9 +13,11 @@
 //! - [`AttemptLog`]: one [`AttemptRecord`] per attempt, at most
 //!   [`MAX_ATTEMPTS_PER_CALL`], returned with the response and the error.
 //! - [`ChatRequest`], [`ChatResponse`], [`ChatChunk`]: provider-neutral chat types.
+//! - [`Bounded`]: a future cut off at an instant, the timer of every
+//!   tower-llm timeout.
 //!
 //! This crate depends on no other tower-llm crate and has no `tower`
-//! dependency: it is vocabulary only.
+//! dependency: it is vocabulary (and one small future) only.
 //!
 //! ```
 //! use http::{HeaderMap, StatusCode};
@@ -39,6 +41,7 @@
 //! [tower-llm]: https://docs.rs/tower-llm
 
 mod attempt;
+mod bounded;
 mod chat;
 mod class;
 mod classify;
@@ -53,6 +56,7 @@ pub use attempt::{
     AttemptLog, AttemptOutcome, AttemptRecord, AttemptStatus, Attempts, MAX_ATTEMPTS_PER_CALL,
     NextStep, NotReplayable, RecordsAttempts, RetryReason, RetryStop,
 };
+pub use bounded::Bounded;
 pub use chat::{
     ChatChunk, ChatRequest, ChatResponse, Choice, ContentPart, FinishReason, Message, Role, Tool,
     ToolCall, ToolCallDelta, ToolChoice, Usage,

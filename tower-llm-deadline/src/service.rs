@@ -2,7 +2,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_llm_core::{AttemptLog, BoxError, Deadline, Failure, HasExtensions, RecordsAttempts};
+use tower_llm_core::{
+    AttemptLog, Bounded, BoxError, Deadline, Failure, HasExtensions, RecordsAttempts,
+};
 use tower_service::Service;
 
 use crate::{DeadlineLayer, ResponseFuture, header_timeout};
@@ -70,12 +72,12 @@ where
         let extensions = req.extensions_mut();
         let deadline = deadline.store(extensions);
         let log = AttemptLog::install(extensions);
-        let inner = if deadline.instant() <= now {
+        let call = if deadline.instant() <= now {
             // Nothing can finish in no time: do not spend a provider call.
-            None
+            Bounded::expired(deadline.instant())
         } else {
-            Some(self.inner.call(req))
+            Bounded::new(self.inner.call(req), deadline.instant())
         };
-        ResponseFuture::new(inner, deadline, log)
+        ResponseFuture::new(call, log)
     }
 }

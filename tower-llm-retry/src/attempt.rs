@@ -7,11 +7,11 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep, sleep_until};
+use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_llm_core::{
-    AttemptLog, AttemptOutcome, AttemptRecord, BoxError, Classify, Deadline, Failure, FailureClass,
-    HasExtensions, Link, Outcome,
+    AttemptLog, AttemptOutcome, AttemptRecord, Bounded, BoxError, Classify, Deadline, Failure,
+    FailureClass, HasExtensions, Link, Outcome,
 };
 use tower_service::Service;
 
@@ -125,9 +125,7 @@ where
             _ => (timeout_at, false),
         };
         let mut fut = AttemptFuture {
-            inner: None,
-            sleep: None,
-            until,
+            call: Bounded::expired(until),
             deadline_bound,
             early: None,
             record: None,
@@ -157,7 +155,7 @@ where
                 }
             }
         }
-        fut.inner = Some(self.inner.call(req));
+        fut.call = Bounded::new(self.inner.call(req), until);
         fut
     }
 }
@@ -170,11 +168,8 @@ pin_project! {
     #[derive(Debug)]
     pub struct AttemptFuture<F, C> {
         #[pin]
-        inner: Option<F>,
-        // Armed on the first poll that finds the inner future pending.
-        #[pin]
-        sleep: Option<Sleep>,
-        until: Instant,
+        call: Bounded<F>,
+        // The bound is the call's deadline rather than the attempt timeout.
         deadline_bound: bool,
         early: Option<Failure>,
         // The call's log and this attempt's record in it, until finished.
@@ -188,7 +183,7 @@ pin_project! {
             let this = this.project();
             if let Some((log, index)) = this.record.take() {
                 let now = Instant::now();
-                let class = if *this.deadline_bound && now >= *this.until {
+                let class = if *this.deadline_bound && now >= this.call.until() {
                     FailureClass::DeadlineExceeded
                 } else {
                     FailureClass::Cancelled
@@ -216,30 +211,11 @@ where
         if let Some(early) = this.early.take() {
             return Poll::Ready(Err(early));
         }
-        let mut result = match this.inner.as_mut().as_pin_mut() {
-            None => {
-                // Polled after completion: nothing left to give.
-                return Poll::Ready(Err(Failure::new(FailureClass::Cancelled)
-                    .with_message("attempt future polled after completion")));
-            }
-            Some(inner) => match inner.poll(cx) {
-                Poll::Ready(result) => result.map_err(|e| Failure::from_error(e.into())),
-                Poll::Pending => {
-                    if this.sleep.is_none() {
-                        this.sleep.set(Some(sleep_until(*this.until)));
-                    }
-                    if let Some(sleep) = this.sleep.as_mut().as_pin_mut() {
-                        ready!(sleep.poll(cx));
-                    }
-                    Err(if *this.deadline_bound {
-                        Failure::deadline_exceeded()
-                    } else {
-                        Failure::new(FailureClass::Timeout).with_message("attempt timed out")
-                    })
-                }
-            },
+        let mut result = match ready!(this.call.as_mut().poll(cx)) {
+            Some(result) => result.map_err(|e| Failure::from_error(e.into())),
+            None if *this.deadline_bound => Err(Failure::deadline_exceeded()),
+            None => Err(Failure::new(FailureClass::Timeout).with_message("attempt timed out")),
         };
-        this.inner.set(None);
         if let Some((log, index)) = this.record.take() {
             let outcome = this.classifier.classify(&result);
             let elapsed = this.start.elapsed();

@@ -1,0 +1,112 @@
+//! A future cut off at an instant, with a lazily armed timer.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep, sleep_until};
+
+pin_project! {
+    /// Runs `inner` until `until`: resolves to `Some(output)` if it finishes
+    /// first (an answer ready in the same poll as the instant wins), or to
+    /// `None` when the instant passes, dropping (cancelling) `inner` right
+    /// then.
+    ///
+    /// The timer is armed only on the first poll that finds `inner`
+    /// pending, so an answer that is ready at once never touches tokio's
+    /// timer. Polled again after it resolved, it resolves to `None`.
+    ///
+    /// The deadline layer and the retry layer's per-attempt timeout are
+    /// both built on it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tower_llm_core::Bounded;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let soon = Instant::now() + Duration::from_secs(1);
+    /// assert_eq!(Bounded::new(async { 7 }, soon).await, Some(7));
+    /// let slow = tokio::time::sleep(Duration::from_secs(5));
+    /// assert_eq!(Bounded::new(slow, soon).await, None);
+    /// assert_eq!(Instant::now(), soon);
+    /// # }
+    /// ```
+    #[derive(Debug)]
+    pub struct Bounded<F> {
+        #[pin]
+        inner: Option<F>,
+        #[pin]
+        sleep: Option<Sleep>,
+        until: Instant,
+    }
+}
+
+impl<F> Bounded<F> {
+    /// `inner`, cut off at `until`.
+    pub fn new(inner: F, until: Instant) -> Self {
+        Bounded {
+            inner: Some(inner),
+            sleep: None,
+            until,
+        }
+    }
+
+    /// A bounded future with nothing to run: resolves to `None` at once.
+    pub fn expired(until: Instant) -> Self {
+        Bounded {
+            inner: None,
+            sleep: None,
+            until,
+        }
+    }
+
+    /// The instant it is cut off at.
+    pub fn until(&self) -> Instant {
+        self.until
+    }
+}
+
+impl<F: Future> Future for Bounded<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let Some(inner) = this.inner.as_mut().as_pin_mut() else {
+            return Poll::Ready(None);
+        };
+        if let Poll::Ready(output) = inner.poll(cx) {
+            this.inner.set(None);
+            return Poll::Ready(Some(output));
+        }
+        if this.sleep.is_none() {
+            this.sleep.set(Some(sleep_until(*this.until)));
+        }
+        if let Some(sleep) = this.sleep.as_mut().as_pin_mut() {
+            ready!(sleep.poll(cx));
+        }
+        this.inner.set(None);
+        Poll::Ready(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn same_instant_answer_wins_and_expired_is_immediate() {
+        let at = Instant::now() + Duration::from_secs(2);
+        let answer = async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            "done"
+        };
+        assert_eq!(Bounded::new(answer, at).await, Some("done"));
+        let start = Instant::now();
+        assert_eq!(Bounded::<std::future::Pending<()>>::expired(at).await, None);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+}
