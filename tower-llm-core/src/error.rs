@@ -107,8 +107,8 @@ impl Failure {
 
     /// Turns any error into a `Failure`.
     ///
-    /// If `err` is a `Failure` (or has one in its source chain at the top),
-    /// it is returned as is. Otherwise it is classified by what it is: an
+    /// If `err` is a `Failure`, it is returned as is. Otherwise it is
+    /// classified by what it is: an
     /// [`io::Error`] anywhere in its source chain of kind `TimedOut` is a
     /// [`Timeout`](FailureClass::Timeout); any other transport error
     /// (connection refused or reset, broken pipe, unexpected EOF, or an
