@@ -10,8 +10,12 @@ use tokio::time::{Instant, Sleep, sleep_until};
 pin_project! {
     /// Runs `inner` until `until`: resolves to `Some(output)` if it finishes
     /// first (an answer ready in the same poll as the instant wins), or to
-    /// `None` when the instant passes, dropping (cancelling) `inner` right
-    /// then.
+    /// `None` when the instant passes.
+    ///
+    /// On `None`, `inner` is still alive: the owner records whatever it
+    /// must (an attempt record, say) and then calls
+    /// [`cancel`](Bounded::cancel), so that `inner`'s own drop logic sees
+    /// the record. Dropping the `Bounded` cancels it too.
     ///
     /// The timer is armed only on the first poll that finds `inner`
     /// pending, so an answer that is ready at once never touches tokio's
@@ -29,9 +33,11 @@ pin_project! {
     /// # async fn main() {
     /// let soon = Instant::now() + Duration::from_secs(1);
     /// assert_eq!(Bounded::new(async { 7 }, soon).await, Some(7));
-    /// let slow = tokio::time::sleep(Duration::from_secs(5));
-    /// assert_eq!(Bounded::new(slow, soon).await, None);
+    /// let slow = std::pin::pin!(Bounded::new(tokio::time::sleep(Duration::from_secs(5)), soon));
+    /// let mut slow = slow;
+    /// assert_eq!(slow.as_mut().await, None);
     /// assert_eq!(Instant::now(), soon);
+    /// slow.cancel(); // drop the sleep now
     /// # }
     /// ```
     #[derive(Debug)]
@@ -41,6 +47,7 @@ pin_project! {
         #[pin]
         sleep: Option<Sleep>,
         until: Instant,
+        expired: bool,
     }
 }
 
@@ -51,6 +58,7 @@ impl<F> Bounded<F> {
             inner: Some(inner),
             sleep: None,
             until,
+            expired: false,
         }
     }
 
@@ -60,12 +68,18 @@ impl<F> Bounded<F> {
             inner: None,
             sleep: None,
             until,
+            expired: false,
         }
     }
 
     /// The instant it is cut off at.
     pub fn until(&self) -> Instant {
         self.until
+    }
+
+    /// Drops `inner` now (cancelling it).
+    pub fn cancel(self: Pin<&mut Self>) {
+        self.project().inner.set(None);
     }
 }
 
@@ -77,6 +91,10 @@ impl<F: Future> Future for Bounded<F> {
         let Some(inner) = this.inner.as_mut().as_pin_mut() else {
             return Poll::Ready(None);
         };
+        // Polled again after resolving to `None`: stay expired.
+        if *this.expired {
+            return Poll::Ready(None);
+        }
         if let Poll::Ready(output) = inner.poll(cx) {
             this.inner.set(None);
             return Poll::Ready(Some(output));
@@ -87,7 +105,7 @@ impl<F: Future> Future for Bounded<F> {
         if let Some(sleep) = this.sleep.as_mut().as_pin_mut() {
             ready!(sleep.poll(cx));
         }
-        this.inner.set(None);
+        *this.expired = true;
         Poll::Ready(None)
     }
 }

@@ -36,10 +36,14 @@ where
     type Output = Result<Res, Failure>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        let mut result = match ready!(this.call.poll(cx)) {
+        let mut this = self.project();
+        let mut result = match ready!(this.call.as_mut().poll(cx)) {
             Some(result) => result.map_err(|e| Failure::from_error(e.into())),
-            None => Err(Failure::deadline_exceeded()),
+            None => {
+                // Cancel the call now rather than when the caller drops us.
+                this.call.cancel();
+                Err(Failure::deadline_exceeded())
+            }
         };
         if let Some(log) = this.log.take() {
             log.attach(&mut result);

@@ -211,10 +211,13 @@ where
         if let Some(early) = this.early.take() {
             return Poll::Ready(Err(early));
         }
-        let mut result = match ready!(this.call.as_mut().poll(cx)) {
-            Some(result) => result.map_err(|e| Failure::from_error(e.into())),
-            None if *this.deadline_bound => Err(Failure::deadline_exceeded()),
-            None => Err(Failure::new(FailureClass::Timeout).with_message("attempt timed out")),
+        let (mut result, expired) = match ready!(this.call.as_mut().poll(cx)) {
+            Some(result) => (result.map_err(|e| Failure::from_error(e.into())), false),
+            None if *this.deadline_bound => (Err(Failure::deadline_exceeded()), true),
+            None => (
+                Err(Failure::new(FailureClass::Timeout).with_message("attempt timed out")),
+                true,
+            ),
         };
         if let Some((log, index)) = this.record.take() {
             let outcome = this.classifier.classify(&result);
@@ -235,6 +238,11 @@ where
             if let (Err(e), Some((provider, model))) = (&mut result, link) {
                 e.set_origin_if_unset(provider, model);
             }
+        }
+        if expired {
+            // After the record says why: the inner call (a circuit breaker,
+            // say) may read it as it is dropped.
+            this.call.cancel();
         }
         Poll::Ready(result)
     }
