@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use tower::ServiceBuilder;
 use tower::layer::util::Stack;
+use tower_llm_breaker::BreakerLayer;
 use tower_llm_deadline::DeadlineLayer;
 use tower_llm_retry::RetryLayer;
 
@@ -39,6 +40,7 @@ mod sealed {
 /// let svc = ServiceBuilder::new()
 ///     .llm_deadline(Duration::from_secs(30))
 ///     .llm_retry(RetryLayer::http().with_max_attempts(3))
+///     .llm_breaker(BreakerLayer::http())
 ///     .service(service_fn(|req: http::Request<()>| async move {
 ///         let left = Deadline::remaining_in(req.extensions()).unwrap();
 ///         Ok::<_, Failure>(http::Response::new(left))
@@ -55,6 +57,14 @@ pub trait ServiceBuilderExt<L>: sealed::Sealed<L> + Sized {
     /// services or `RetryLayer::http()` for raw HTTP). Put it inside the
     /// deadline and fallback layers, outside the breaker.
     fn llm_retry<C>(self, retry: RetryLayer<C>) -> ServiceBuilder<Stack<RetryLayer<C>, L>>;
+
+    /// Adds a [`BreakerLayer`] (`BreakerLayer::new()` for chat services,
+    /// `BreakerLayer::http()` for raw HTTP). Put it inside the retry layer,
+    /// right around the provider.
+    fn llm_breaker<K, C>(
+        self,
+        breaker: BreakerLayer<K, C>,
+    ) -> ServiceBuilder<Stack<BreakerLayer<K, C>, L>>;
 }
 
 impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
@@ -64,5 +74,12 @@ impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
 
     fn llm_retry<C>(self, retry: RetryLayer<C>) -> ServiceBuilder<Stack<RetryLayer<C>, L>> {
         self.layer(retry)
+    }
+
+    fn llm_breaker<K, C>(
+        self,
+        breaker: BreakerLayer<K, C>,
+    ) -> ServiceBuilder<Stack<BreakerLayer<K, C>, L>> {
+        self.layer(breaker)
     }
 }

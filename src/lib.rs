@@ -15,9 +15,8 @@
 //! ```
 //!
 //! Available today: the shared vocabulary (re-exported at this crate's
-//! root from [`tower_llm_core`]), the [`deadline`] layer and the [`retry`]
-//! layer. Breaker, fallback and the provider services are being built in
-//! that order.
+//! root from [`tower_llm_core`]), the [`deadline`], [`retry`] and
+//! [`breaker`] layers. Fallback and the provider services come next.
 //!
 //! ```
 //! use std::time::Duration;
@@ -47,6 +46,7 @@
 //! | [`tower_llm_core`] | failure classes, classifiers, deadline, attempt log, chat types |
 //! | [`tower_llm_deadline`] | [`DeadlineLayer`](deadline::DeadlineLayer) |
 //! | [`tower_llm_retry`] | [`RetryLayer`](retry::RetryLayer): backoff, `Retry-After`, per-attempt timeout, retry budget |
+//! | [`tower_llm_breaker`] | [`BreakerLayer`](breaker::BreakerLayer): per-key circuit breaker with half-open probes |
 //!
 //! # Feature flags
 //!
@@ -74,9 +74,19 @@ pub mod retry {
     };
 }
 
+/// The circuit breaker layer ([`tower_llm_breaker`]).
+pub mod breaker {
+    pub use tower_llm_breaker::{
+        AuthorityKey, Breaker, BreakerConfig, BreakerHandle, BreakerKey, BreakerLayer,
+        BreakerStore, Circuit, CircuitSnapshot, CircuitState, InvalidBreakerConfig, KeyFn, LinkKey,
+        MemoryStore, Observer, RatioTrigger, ResponseFuture, Transition, TransitionReason,
+    };
+}
+
 /// The names most programs need: `use tower_llm::prelude::*;`.
 pub mod prelude {
     pub use crate::ServiceBuilderExt;
+    pub use crate::breaker::{BreakerConfig, BreakerLayer};
     pub use crate::deadline::DeadlineLayer;
     pub use crate::retry::{Backoff, RetryLayer};
     pub use tower_llm_core::{

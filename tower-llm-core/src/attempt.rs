@@ -372,6 +372,13 @@ impl AttemptLog {
         self.update_last(|r| r.next = next)
     }
 
+    /// The outcome of the latest record, if any (read by a circuit
+    /// breaker whose call was dropped, to tell an attempt timeout from a
+    /// cancellation).
+    pub fn last_outcome(&self) -> Option<AttemptOutcome> {
+        self.lock().last().map(|r| r.outcome)
+    }
+
     /// Number of records so far.
     pub fn len(&self) -> usize {
         self.lock().len()

@@ -50,7 +50,7 @@ mod error;
 mod extensions;
 mod link;
 mod retry_after;
-mod serde_millis;
+pub mod serde_millis;
 
 pub use attempt::{
     AttemptLog, AttemptOutcome, AttemptRecord, AttemptStatus, Attempts, MAX_ATTEMPTS_PER_CALL,

@@ -1,0 +1,584 @@
+//! One circuit: the state machine of one key.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::{BreakerConfig, BreakerKey};
+
+const CLOSED: u8 = 0;
+const OPEN: u8 = 1;
+const HALF_OPEN: u8 = 2;
+const ISOLATED: u8 = 3;
+
+/// The state of one circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CircuitState {
+    /// Calls flow; failures are counted.
+    Closed,
+    /// Calls fail fast until the cooldown (or a rate-limit hold) ends.
+    Open,
+    /// A few probes are let through; the rest fail fast.
+    HalfOpen,
+    /// Opened by hand ([`BreakerHandle::isolate`](crate::BreakerHandle::isolate)):
+    /// fails fast until closed by hand.
+    Isolated,
+}
+
+impl CircuitState {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            CLOSED => CircuitState::Closed,
+            OPEN => CircuitState::Open,
+            HALF_OPEN => CircuitState::HalfOpen,
+            _ => CircuitState::Isolated,
+        }
+    }
+
+    /// The value of the `llm_circuit_state` gauge: 0 closed, 1 open (or
+    /// isolated), 2 half-open.
+    pub const fn as_gauge(self) -> i64 {
+        match self {
+            CircuitState::Closed => 0,
+            CircuitState::Open | CircuitState::Isolated => 1,
+            CircuitState::HalfOpen => 2,
+        }
+    }
+
+    /// A stable label for metrics and logs.
+    pub const fn as_metric_label(self) -> &'static str {
+        match self {
+            CircuitState::Closed => "closed",
+            CircuitState::Open => "open",
+            CircuitState::HalfOpen => "half_open",
+            CircuitState::Isolated => "isolated",
+        }
+    }
+}
+
+/// Why a circuit changed state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransitionReason {
+    /// `consecutive_failures` tripping failures in a row.
+    ConsecutiveFailures,
+    /// The failure-ratio trigger.
+    FailureRatio,
+    /// A 429 with `Retry-After`: held open for that long.
+    RateLimited,
+    /// The cooldown ended: probing.
+    CooldownElapsed,
+    /// Enough probes succeeded.
+    ProbesSucceeded,
+    /// A probe failed.
+    ProbeFailed,
+    /// Opened by hand.
+    Isolated,
+    /// Closed by hand.
+    ClosedByHand,
+}
+
+/// One state change of one circuit, as given to
+/// [`BreakerLayer::on_transition`](crate::BreakerLayer::on_transition).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    /// The circuit.
+    pub key: BreakerKey,
+    /// The state before.
+    pub from: CircuitState,
+    /// The state after.
+    pub to: CircuitState,
+    /// When (tokio time).
+    pub at: Instant,
+    /// Why.
+    pub reason: TransitionReason,
+    /// For a change to open: how long it stays open.
+    pub open_for: Option<Duration>,
+}
+
+/// A point-in-time view of one circuit, for health endpoints.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CircuitSnapshot {
+    /// The circuit.
+    pub key: BreakerKey,
+    /// Its state.
+    pub state: CircuitState,
+    /// Tripping failures in a row (closed state).
+    pub consecutive_failures: u32,
+    /// For an open circuit: time left until it probes.
+    pub retry_after: Option<Duration>,
+    /// Consecutive re-opens (for cooldown growth).
+    pub reopens: u32,
+    /// Probes in flight (half-open state).
+    pub probes_in_flight: u32,
+}
+
+/// What a finished call means to the circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Success: closes a half-open circuit, resets the failure count.
+    Success,
+    /// A tripping failure; `hold` is a 429's `Retry-After`.
+    Failure { hold: Option<Duration> },
+    /// Neither (client errors, cancellation, deadline): changes nothing.
+    Neutral,
+}
+
+/// A call let through, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// An ordinary call in the closed state of generation `gen`.
+    Normal { generation: u64 },
+    /// A half-open probe of generation `gen`.
+    Probe { generation: u64 },
+}
+
+/// The state machine of one key.
+///
+/// Admission in the closed state and fail-fast in the open state are
+/// lock-free (atomics); transitions, probes and the failure-ratio window
+/// take this circuit's own small mutex, never held across an `.await`.
+/// Every transition starts a new *generation*: the outcome of a call
+/// admitted in an earlier generation is ignored, so a slow call from
+/// before a trip can neither close nor re-open the circuit.
+pub struct Circuit {
+    key: BreakerKey,
+    origin: Instant,
+    state: AtomicU8,
+    generation: AtomicU64,
+    consecutive: AtomicU32,
+    /// Nanoseconds after `origin` at which an open circuit may probe.
+    open_until: AtomicU64,
+    slow: Mutex<Slow>,
+}
+
+#[derive(Debug, Default)]
+struct Slow {
+    reopens: u32,
+    probes_in_flight: u32,
+    probe_successes: u32,
+    last_probe_at: Option<Instant>,
+    window: Window,
+}
+
+const WINDOW_SLOTS: usize = 10;
+
+/// Calls and failures over a rolling window, in ten slots.
+#[derive(Debug, Default)]
+struct Window {
+    slots: [(u64, u32, u32); WINDOW_SLOTS],
+}
+
+impl Window {
+    fn record(&mut self, epoch: u64, failed: bool) -> (u32, u32) {
+        let slot = &mut self.slots[(epoch % WINDOW_SLOTS as u64) as usize];
+        if slot.0 != epoch {
+            *slot = (epoch, 0, 0);
+        }
+        slot.1 = slot.1.saturating_add(1);
+        slot.2 = slot.2.saturating_add(u32::from(failed));
+        let mut calls = 0u32;
+        let mut failures = 0u32;
+        for (e, c, f) in &self.slots {
+            if epoch.wrapping_sub(*e) < WINDOW_SLOTS as u64 {
+                calls = calls.saturating_add(*c);
+                failures = failures.saturating_add(*f);
+            }
+        }
+        (calls, failures)
+    }
+}
+
+impl fmt::Debug for Circuit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Circuit")
+            .field("key", &self.key)
+            .field("state", &self.state())
+            .field(
+                "consecutive_failures",
+                &self.consecutive.load(Ordering::Relaxed),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl Circuit {
+    /// A closed circuit for `key`.
+    pub fn new(key: BreakerKey) -> Self {
+        Circuit {
+            key,
+            origin: Instant::now(),
+            state: AtomicU8::new(CLOSED),
+            generation: AtomicU64::new(0),
+            consecutive: AtomicU32::new(0),
+            open_until: AtomicU64::new(0),
+            slow: Mutex::new(Slow::default()),
+        }
+    }
+
+    /// The circuit's key.
+    pub fn key(&self) -> &BreakerKey {
+        &self.key
+    }
+
+    /// The current state.
+    pub fn state(&self) -> CircuitState {
+        CircuitState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    /// `true` when forgetting this circuit loses nothing: closed, with no
+    /// failure counted.
+    pub fn is_idle(&self) -> bool {
+        self.state.load(Ordering::Acquire) == CLOSED
+            && self.consecutive.load(Ordering::Relaxed) == 0
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Slow> {
+        self.slow.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn to_nanos(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.origin).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn open_until(&self) -> Instant {
+        let nanos = self.open_until.load(Ordering::Acquire);
+        self.origin
+            .checked_add(Duration::from_nanos(nanos))
+            .unwrap_or(self.origin)
+    }
+
+    /// A point-in-time view.
+    pub fn snapshot(&self) -> CircuitSnapshot {
+        let slow = self.lock();
+        let state = self.state();
+        let retry_after = match state {
+            CircuitState::Open => Some(self.open_until().saturating_duration_since(Instant::now())),
+            _ => None,
+        };
+        CircuitSnapshot {
+            key: self.key.clone(),
+            state,
+            consecutive_failures: self.consecutive.load(Ordering::Relaxed),
+            retry_after,
+            reopens: slow.reopens,
+            probes_in_flight: slow.probes_in_flight,
+        }
+    }
+
+    /// Lets a call through or refuses it (with the rest of the cooldown,
+    /// when known). May move an open circuit whose cooldown ended to
+    /// half-open.
+    pub(crate) fn admit(
+        &self,
+        cfg: &BreakerConfig,
+    ) -> (Result<Admission, Option<Duration>>, Option<Transition>) {
+        let generation = self.generation.load(Ordering::Acquire);
+        match self.state.load(Ordering::Acquire) {
+            CLOSED => return (Ok(Admission::Normal { generation }), None),
+            ISOLATED => return (Err(None), None),
+            OPEN => {
+                let until = self.open_until();
+                let now = Instant::now();
+                if now < until {
+                    return (Err(Some(until - now)), None);
+                }
+            }
+            _ => {}
+        }
+        let now = Instant::now();
+        let mut slow = self.lock();
+        let mut transition = None;
+        match self.state.load(Ordering::Acquire) {
+            CLOSED => {
+                let generation = self.generation.load(Ordering::Acquire);
+                return (Ok(Admission::Normal { generation }), None);
+            }
+            ISOLATED => return (Err(None), None),
+            OPEN => {
+                let until = self.open_until();
+                if now < until {
+                    return (Err(Some(until - now)), None);
+                }
+                transition = Some(self.set_half_open(&mut slow, now));
+            }
+            _ => {}
+        }
+        // Half-open: a probe slot, or a probe presumed lost after a full
+        // cooldown (so a probe whose outcome never arrives cannot wedge it).
+        let lost = slow
+            .last_probe_at
+            .is_some_and(|t| now >= t + cfg.cooldown_after(slow.reopens));
+        if lost {
+            slow.probes_in_flight = 0;
+        }
+        if slow.probes_in_flight < cfg.half_open_probes.max(1) {
+            slow.probes_in_flight += 1;
+            slow.last_probe_at = Some(now);
+            let generation = self.generation.load(Ordering::Acquire);
+            (Ok(Admission::Probe { generation }), transition)
+        } else {
+            (Err(None), transition)
+        }
+    }
+
+    /// Records a finished call.
+    pub(crate) fn record(
+        &self,
+        admission: Admission,
+        verdict: Verdict,
+        cfg: &BreakerConfig,
+    ) -> Option<Transition> {
+        match admission {
+            Admission::Normal { generation } => self.record_normal(generation, verdict, cfg),
+            Admission::Probe { generation } => self.record_probe(generation, verdict, cfg),
+        }
+    }
+
+    fn record_normal(
+        &self,
+        generation: u64,
+        verdict: Verdict,
+        cfg: &BreakerConfig,
+    ) -> Option<Transition> {
+        if self.generation.load(Ordering::Acquire) != generation {
+            return None;
+        }
+        let hold = match verdict {
+            Verdict::Neutral => return None,
+            Verdict::Success => {
+                if self.consecutive.load(Ordering::Relaxed) != 0 {
+                    self.consecutive.store(0, Ordering::Relaxed);
+                }
+                if let Some(ratio) = cfg.failure_ratio {
+                    let epoch = self.epoch(ratio.window);
+                    self.lock().window.record(epoch, false);
+                }
+                return None;
+            }
+            Verdict::Failure { hold } => hold
+                .filter(|_| cfg.rate_limit_hold)
+                .map(|h| h.min(cfg.max_rate_limit_hold)),
+        };
+        let n = self
+            .consecutive
+            .fetch_add(1, Ordering::AcqRel)
+            .saturating_add(1);
+        let by_count = cfg.consecutive_failures > 0 && n >= cfg.consecutive_failures;
+        let mut slow = None;
+        let by_ratio = match cfg.failure_ratio {
+            Some(ratio) => {
+                let epoch = self.epoch(ratio.window);
+                let guard = slow.insert(self.lock());
+                let (calls, failures) = guard.window.record(epoch, true);
+                calls >= ratio.min_calls && f64::from(failures) >= ratio.ratio * f64::from(calls)
+            }
+            None => false,
+        };
+        if !(by_count || by_ratio || hold.is_some()) {
+            return None;
+        }
+        let mut slow = match slow {
+            Some(guard) => guard,
+            None => self.lock(),
+        };
+        if self.generation.load(Ordering::Acquire) != generation {
+            return None;
+        }
+        let now = Instant::now();
+        let (mut open_for, reason) = if by_count {
+            (
+                cfg.cooldown_after(slow.reopens),
+                TransitionReason::ConsecutiveFailures,
+            )
+        } else if by_ratio {
+            (
+                cfg.cooldown_after(slow.reopens),
+                TransitionReason::FailureRatio,
+            )
+        } else {
+            (Duration::ZERO, TransitionReason::RateLimited)
+        };
+        if let Some(h) = hold {
+            open_for = open_for.max(h);
+        }
+        self.set_open(&mut slow, now, open_for, reason)
+    }
+
+    fn record_probe(
+        &self,
+        generation: u64,
+        verdict: Verdict,
+        cfg: &BreakerConfig,
+    ) -> Option<Transition> {
+        let mut slow = self.lock();
+        if self.generation.load(Ordering::Acquire) != generation
+            || self.state.load(Ordering::Acquire) != HALF_OPEN
+        {
+            return None;
+        }
+        slow.probes_in_flight = slow.probes_in_flight.saturating_sub(1);
+        let now = Instant::now();
+        match verdict {
+            Verdict::Neutral => None,
+            Verdict::Success => {
+                slow.probe_successes += 1;
+                if slow.probe_successes >= cfg.half_open_probes.max(1) {
+                    Some(self.set_closed(&mut slow, now, TransitionReason::ProbesSucceeded))
+                } else {
+                    None
+                }
+            }
+            Verdict::Failure { hold } => {
+                slow.reopens = slow.reopens.saturating_add(1);
+                let mut open_for = cfg.cooldown_after(slow.reopens);
+                if let Some(h) = hold.filter(|_| cfg.rate_limit_hold) {
+                    open_for = open_for.max(h.min(cfg.max_rate_limit_hold));
+                }
+                self.set_open(&mut slow, now, open_for, TransitionReason::ProbeFailed)
+            }
+        }
+    }
+
+    /// A probe ended without an outcome (its future was dropped): frees
+    /// its slot, changes nothing else.
+    pub(crate) fn release(&self, admission: Admission) {
+        if let Admission::Probe { generation } = admission {
+            let mut slow = self.lock();
+            if self.generation.load(Ordering::Acquire) == generation
+                && self.state.load(Ordering::Acquire) == HALF_OPEN
+            {
+                slow.probes_in_flight = slow.probes_in_flight.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Opens by hand until closed by hand.
+    pub(crate) fn isolate(&self) -> Option<Transition> {
+        let mut slow = self.lock();
+        let from = self.state();
+        if from == CircuitState::Isolated {
+            return None;
+        }
+        slow.probes_in_flight = 0;
+        slow.probe_successes = 0;
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.state.store(ISOLATED, Ordering::Release);
+        Some(self.transition(
+            from,
+            CircuitState::Isolated,
+            Instant::now(),
+            TransitionReason::Isolated,
+            None,
+        ))
+    }
+
+    /// Ends an open circuit's cooldown now: the next call probes.
+    pub(crate) fn probe_now(&self) {
+        let _slow = self.lock();
+        if self.state.load(Ordering::Acquire) == OPEN {
+            self.open_until
+                .store(self.to_nanos(Instant::now()), Ordering::Release);
+        }
+    }
+
+    /// Closes by hand and forgets all counts.
+    pub(crate) fn close(&self) -> Option<Transition> {
+        let mut slow = self.lock();
+        if self.state() == CircuitState::Closed {
+            self.consecutive.store(0, Ordering::Relaxed);
+            slow.window = Window::default();
+            slow.reopens = 0;
+            return None;
+        }
+        Some(self.set_closed(&mut slow, Instant::now(), TransitionReason::ClosedByHand))
+    }
+
+    fn epoch(&self, window: Duration) -> u64 {
+        let slot_ns = (window.as_nanos() / WINDOW_SLOTS as u128).max(1);
+        let elapsed = Instant::now()
+            .saturating_duration_since(self.origin)
+            .as_nanos();
+        u64::try_from(elapsed / slot_ns).unwrap_or(u64::MAX)
+    }
+
+    fn transition(
+        &self,
+        from: CircuitState,
+        to: CircuitState,
+        at: Instant,
+        reason: TransitionReason,
+        open_for: Option<Duration>,
+    ) -> Transition {
+        Transition {
+            key: self.key.clone(),
+            from,
+            to,
+            at,
+            reason,
+            open_for,
+        }
+    }
+
+    /// Opens, or extends an open circuit to the later end (never the earlier).
+    fn set_open(
+        &self,
+        slow: &mut Slow,
+        now: Instant,
+        open_for: Duration,
+        reason: TransitionReason,
+    ) -> Option<Transition> {
+        let until = now.checked_add(open_for).unwrap_or(now);
+        let from = self.state();
+        match from {
+            CircuitState::Isolated => return None,
+            CircuitState::Open => {
+                if until > self.open_until() {
+                    self.open_until
+                        .store(self.to_nanos(until), Ordering::Release);
+                }
+                return None;
+            }
+            CircuitState::Closed | CircuitState::HalfOpen => {}
+        }
+        slow.probes_in_flight = 0;
+        slow.probe_successes = 0;
+        slow.last_probe_at = None;
+        slow.window = Window::default();
+        self.consecutive.store(0, Ordering::Relaxed);
+        self.open_until
+            .store(self.to_nanos(until), Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.state.store(OPEN, Ordering::Release);
+        Some(self.transition(from, CircuitState::Open, now, reason, Some(open_for)))
+    }
+
+    fn set_half_open(&self, slow: &mut Slow, now: Instant) -> Transition {
+        slow.probes_in_flight = 0;
+        slow.probe_successes = 0;
+        slow.last_probe_at = None;
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.state.store(HALF_OPEN, Ordering::Release);
+        self.transition(
+            CircuitState::Open,
+            CircuitState::HalfOpen,
+            now,
+            TransitionReason::CooldownElapsed,
+            None,
+        )
+    }
+
+    fn set_closed(&self, slow: &mut Slow, now: Instant, reason: TransitionReason) -> Transition {
+        let from = self.state();
+        *slow = Slow::default();
+        self.consecutive.store(0, Ordering::Relaxed);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.state.store(CLOSED, Ordering::Release);
+        self.transition(from, CircuitState::Closed, now, reason, None)
+    }
+}

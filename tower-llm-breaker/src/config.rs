@@ -1,0 +1,202 @@
+//! Breaker settings.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Open on a failure ratio over a rolling window (off by default).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RatioTrigger {
+    /// Open when at least this share of calls failed, in `(0, 1]`.
+    pub ratio: f64,
+    /// ...among at least this many calls in the window.
+    pub min_calls: u32,
+    /// The rolling window.
+    #[serde(rename = "window_ms", with = "tower_llm_core::serde_millis")]
+    pub window: Duration,
+}
+
+/// When a circuit opens, how long it stays open, and how it probes.
+///
+/// Field names are the same in Rust and in TOML/JSON (durations in
+/// milliseconds, `*_ms`).
+///
+/// ```
+/// use tower_llm_breaker::BreakerConfig;
+///
+/// let cfg: BreakerConfig = serde_json::from_str(r#"{
+///     "consecutive_failures": 3,
+///     "cooldown_ms": 10000,
+///     "failure_ratio": {"ratio": 0.5, "min_calls": 20, "window_ms": 30000}
+/// }"#).unwrap();
+/// assert_eq!(cfg.consecutive_failures, 3);
+/// assert_eq!(cfg.half_open_probes, 1); // defaults fill the rest
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BreakerConfig {
+    /// Open after this many consecutive tripping failures (default 5; 0
+    /// turns this trigger off).
+    pub consecutive_failures: u32,
+    /// Also open on a failure ratio (default off).
+    pub failure_ratio: Option<RatioTrigger>,
+    /// Count a call slower than this as a failure, for the breaker only
+    /// (default off).
+    #[serde(rename = "slow_call_ms", with = "opt_millis")]
+    pub slow_call: Option<Duration>,
+    /// How long a circuit stays open before probing (default 30 s).
+    #[serde(rename = "cooldown_ms", with = "tower_llm_core::serde_millis")]
+    pub cooldown: Duration,
+    /// Cooldown multiplier for each consecutive re-open (default 1: fixed).
+    pub cooldown_growth: f64,
+    /// The longest cooldown after growth (default 5 min).
+    #[serde(rename = "max_cooldown_ms", with = "tower_llm_core::serde_millis")]
+    pub max_cooldown: Duration,
+    /// Probes admitted in half-open, and successes needed to close
+    /// (default 1).
+    pub half_open_probes: u32,
+    /// Hold a key open for a 429's `Retry-After` (default on).
+    pub rate_limit_hold: bool,
+    /// The longest such hold (default 5 min).
+    #[serde(
+        rename = "max_rate_limit_hold_ms",
+        with = "tower_llm_core::serde_millis"
+    )]
+    pub max_rate_limit_hold: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            consecutive_failures: 5,
+            failure_ratio: None,
+            slow_call: None,
+            cooldown: Duration::from_secs(30),
+            cooldown_growth: 1.0,
+            max_cooldown: Duration::from_secs(300),
+            half_open_probes: 1,
+            rate_limit_hold: true,
+            max_rate_limit_hold: Duration::from_secs(300),
+        }
+    }
+}
+
+impl BreakerConfig {
+    /// The cooldown after `reopens` consecutive re-opens.
+    pub fn cooldown_after(&self, reopens: u32) -> Duration {
+        let growth = if self.cooldown_growth.is_finite() && self.cooldown_growth >= 1.0 {
+            self.cooldown_growth
+        } else {
+            1.0
+        };
+        let exp = i32::try_from(reopens).unwrap_or(i32::MAX);
+        let secs = self.cooldown.as_secs_f64() * growth.powi(exp);
+        let max = self.max_cooldown.max(self.cooldown);
+        Duration::try_from_secs_f64(secs).map_or(max, |d| d.min(max))
+    }
+
+    /// Checks the settings.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the first bad field: a zero cooldown, zero probes,
+    /// a growth that is NaN or below 1, a ratio outside `(0, 1]`, a zero
+    /// window.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.cooldown.is_zero() {
+            return Err("cooldown_ms must be above zero".into());
+        }
+        if self.half_open_probes == 0 {
+            return Err("half_open_probes must be at least 1".into());
+        }
+        if !self.cooldown_growth.is_finite() || self.cooldown_growth < 1.0 {
+            return Err("cooldown_growth must be a finite number >= 1".into());
+        }
+        if let Some(r) = self.failure_ratio {
+            if !(r.ratio > 0.0 && r.ratio <= 1.0) {
+                return Err("failure_ratio.ratio must be within (0, 1]".into());
+            }
+            if r.window < Duration::from_millis(10) {
+                return Err("failure_ratio.window_ms must be at least 10".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+mod opt_millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_some(&u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cooldown_growth_is_capped() {
+        let cfg = BreakerConfig {
+            cooldown_growth: 2.0,
+            max_cooldown: Duration::from_secs(100),
+            ..BreakerConfig::default()
+        };
+        assert_eq!(cfg.cooldown_after(0), Duration::from_secs(30));
+        assert_eq!(cfg.cooldown_after(1), Duration::from_secs(60));
+        assert_eq!(cfg.cooldown_after(2), Duration::from_secs(100));
+        assert_eq!(cfg.cooldown_after(u32::MAX), Duration::from_secs(100));
+        assert_eq!(
+            BreakerConfig::default().cooldown_after(9),
+            Duration::from_secs(30)
+        );
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let bad = |f: fn(&mut BreakerConfig)| {
+            let mut c = BreakerConfig::default();
+            f(&mut c);
+            c.validate().expect_err("invalid")
+        };
+        assert!(bad(|c| c.cooldown = Duration::ZERO).contains("cooldown_ms"));
+        assert!(bad(|c| c.half_open_probes = 0).contains("half_open_probes"));
+        assert!(bad(|c| c.cooldown_growth = f64::NAN).contains("cooldown_growth"));
+        assert!(
+            bad(|c| c.failure_ratio = Some(RatioTrigger {
+                ratio: 1.5,
+                min_calls: 1,
+                window: Duration::from_secs(1)
+            }))
+            .contains("ratio")
+        );
+        assert!(BreakerConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn round_trips_through_json() {
+        let cfg = BreakerConfig {
+            slow_call: Some(Duration::from_millis(1500)),
+            ..BreakerConfig::default()
+        };
+        let json = serde_json::to_value(cfg).expect("json");
+        assert_eq!(json["slow_call_ms"], 1500);
+        assert_eq!(json["cooldown_ms"], 30000);
+        let back: BreakerConfig = serde_json::from_value(json).expect("back");
+        assert_eq!(back, cfg);
+        assert!(serde_json::from_str::<BreakerConfig>(r#"{"cooldown": 5}"#).is_err());
+    }
+}

@@ -1,0 +1,68 @@
+use std::sync::Arc;
+
+use crate::{BreakerKey, BreakerStore, CircuitSnapshot, Observer};
+
+/// Manual control and visibility of a breaker layer's circuits.
+///
+/// Cheap to clone; shares the layer's store.
+#[derive(Clone)]
+pub struct BreakerHandle {
+    pub(crate) store: Arc<dyn BreakerStore>,
+    pub(crate) observer: Option<Observer>,
+}
+
+impl std::fmt::Debug for BreakerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BreakerHandle")
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BreakerHandle {
+    /// Every circuit's state, for a health endpoint.
+    pub fn snapshot(&self) -> Vec<CircuitSnapshot> {
+        self.store.circuits().iter().map(|c| c.snapshot()).collect()
+    }
+
+    /// The state of one circuit, if it exists.
+    pub fn get(&self, key: &BreakerKey) -> Option<CircuitSnapshot> {
+        self.store.find(key).map(|c| c.snapshot())
+    }
+
+    /// Opens `key` by hand (isolates it) until [`close`](Self::close).
+    pub fn isolate(&self, key: &BreakerKey) {
+        let t = self.store.circuit(key.clone()).isolate();
+        self.notify(t);
+    }
+
+    /// Ends `key`'s cooldown now, if it is open: the next call is a
+    /// half-open probe (for example, right after an outage is fixed).
+    pub fn probe_now(&self, key: &BreakerKey) {
+        if let Some(c) = self.store.find(key) {
+            c.probe_now();
+        }
+    }
+
+    /// Closes `key` by hand and forgets its counts (force-close / reset).
+    pub fn close(&self, key: &BreakerKey) {
+        if let Some(c) = self.store.find(key) {
+            let t = c.close();
+            self.notify(t);
+        }
+    }
+
+    /// Closes every circuit by hand.
+    pub fn close_all(&self) {
+        for c in self.store.circuits() {
+            let t = c.close();
+            self.notify(t);
+        }
+    }
+
+    fn notify(&self, t: Option<crate::Transition>) {
+        if let (Some(o), Some(t)) = (&self.observer, t) {
+            o(&t);
+        }
+    }
+}

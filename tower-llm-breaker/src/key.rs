@@ -1,0 +1,127 @@
+//! Which circuit a request belongs to.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tower_llm_core::{HasExtensions, Link};
+
+/// The identity of one circuit: provider and model, plus an optional scope
+/// (credential, tenant, region or endpoint).
+///
+/// Seed 004: one tenant's revoked key must not open the circuit for
+/// everyone, so a key function can add the credential or tenant as the
+/// scope. Cloning is three reference-count increments.
+///
+/// ```
+/// use tower_llm_breaker::BreakerKey;
+///
+/// let key = BreakerKey::new("openai", "gpt-4o-mini").with_scope("tenant-42");
+/// assert_eq!(key.to_string(), "openai/gpt-4o-mini#tenant-42");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BreakerKey {
+    provider: Arc<str>,
+    model: Arc<str>,
+    scope: Option<Arc<str>>,
+}
+
+impl BreakerKey {
+    /// The key of `provider` and `model`, unscoped.
+    pub fn new(provider: impl Into<Arc<str>>, model: impl Into<Arc<str>>) -> Self {
+        BreakerKey {
+            provider: provider.into(),
+            model: model.into(),
+            scope: None,
+        }
+    }
+
+    /// The key of a link (provider and model; no allocation).
+    pub fn from_link(link: &Link) -> Self {
+        BreakerKey {
+            provider: link.provider_arc().clone(),
+            model: link.model_arc().clone(),
+            scope: None,
+        }
+    }
+
+    /// Adds a scope: a credential id, tenant, region or endpoint. Never put
+    /// a secret itself here (keys show in snapshots and logs): use an id or
+    /// a hash of it.
+    #[must_use]
+    pub fn with_scope(mut self, scope: impl Into<Arc<str>>) -> Self {
+        self.scope = Some(scope.into());
+        self
+    }
+
+    /// The provider.
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// The model.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// The scope, if any.
+    pub fn scope(&self) -> Option<&str> {
+        self.scope.as_deref()
+    }
+}
+
+impl fmt::Display for BreakerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.provider, self.model)?;
+        if let Some(scope) = &self.scope {
+            write!(f, "#{scope}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Chooses the circuit for a request.
+///
+/// `default` is the layer's own link (see
+/// [`BreakerLayer::with_link`](crate::BreakerLayer::with_link)), for requests
+/// that carry no [`Link`]. Closures `Fn(&Req, &Link) -> BreakerKey` are key
+/// functions.
+pub trait KeyFn<Req> {
+    /// The key of `req`.
+    fn key(&self, req: &Req, default: &Link) -> BreakerKey;
+}
+
+impl<Req, F> KeyFn<Req> for F
+where
+    F: Fn(&Req, &Link) -> BreakerKey,
+{
+    fn key(&self, req: &Req, default: &Link) -> BreakerKey {
+        self(req, default)
+    }
+}
+
+/// The default key: provider and model of the request's [`Link`] (set by
+/// the fallback layer), or of the layer's own link. Allocation-free.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinkKey;
+
+impl<Req: HasExtensions> KeyFn<Req> for LinkKey {
+    fn key(&self, req: &Req, default: &Link) -> BreakerKey {
+        BreakerKey::from_link(Link::of(req.extensions()).unwrap_or(default))
+    }
+}
+
+/// For raw HTTP: the link's provider, scoped by the request URI's authority
+/// (`host:port`), one circuit per endpoint as per-authority breakers do
+/// elsewhere. Allocates the scope string on every call.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AuthorityKey;
+
+impl<B> KeyFn<http::Request<B>> for AuthorityKey {
+    fn key(&self, req: &http::Request<B>, default: &Link) -> BreakerKey {
+        let key = BreakerKey::from_link(Link::of(req.extensions()).unwrap_or(default));
+        match req.uri().authority() {
+            Some(a) => key.with_scope(a.as_str()),
+            None => key,
+        }
+    }
+}

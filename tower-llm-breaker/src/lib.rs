@@ -1,0 +1,124 @@
+//! A per-key circuit breaker for LLM calls that fails fast and cannot wedge.
+//!
+//! When a provider is down, every call that waits for its timeout burns the
+//! caller's deadline. [`BreakerLayer`] makes a sick provider cost nothing:
+//! its calls fail at once with a *circuit open* failure (so a fallback
+//! layer moves on), while a few probes find out when it is back.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{service_fn, Layer, ServiceExt};
+//! use tower_llm_core::{ChatRequest, ChatResponse, Failure, FailureClass, Message};
+//! use tower_llm_breaker::{BreakerConfig, BreakerLayer, CircuitState};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let layer = BreakerLayer::new()
+//!     .with_config(BreakerConfig { consecutive_failures: 2, ..BreakerConfig::default() })
+//!     .unwrap();
+//! let handle = layer.handle();
+//! let down = service_fn(|_: ChatRequest| async {
+//!     Err::<ChatResponse, _>(Failure::new(FailureClass::Transient))
+//! });
+//! let svc = layer.layer(down);
+//! let req = || ChatRequest::new("m", vec![Message::user("hi")]);
+//!
+//! for _ in 0..2 {
+//!     assert!(svc.clone().oneshot(req()).await.unwrap_err().is_transient());
+//! }
+//! let err = svc.clone().oneshot(req()).await.unwrap_err();
+//! assert!(err.is_circuit_open());                       // fails fast, inner not called
+//! assert_eq!(err.retry_after(), Some(Duration::from_secs(30)));
+//! assert_eq!(handle.snapshot()[0].state, CircuitState::Open);
+//! # }
+//! ```
+//!
+//! # States
+//!
+//! - **Closed**: calls flow. It opens when either trigger fires:
+//!   `consecutive_failures` tripping failures in a row (default 5), or, if
+//!   configured, a failure ratio over a rolling window with a minimum number
+//!   of calls. An optional slow-call threshold counts slow successes as
+//!   failures, for the breaker only.
+//! - **Open**: calls fail fast with [`FailureClass::CircuitOpen`](tower_llm_core::FailureClass::CircuitOpen),
+//!   `retry_after` = the rest of the cooldown; the inner service is not
+//!   called. Cooldown 30 s, optionally growing on consecutive re-opens up to
+//!   a cap. Opening an open circuit again only ever extends it.
+//! - **Half-open** after the cooldown: exactly `half_open_probes` calls
+//!   (default 1) are let through; the rest fail fast. That many successes
+//!   close it; a failure re-opens it.
+//! - **Isolated**: opened by hand ([`BreakerHandle::isolate`]) until closed
+//!   by hand.
+//!
+//! # It cannot wedge
+//!
+//! A probe whose outcome never arrives (its future dropped: the caller went
+//! away, the deadline fired) frees its slot on drop. A probe still
+//! outstanding after a full cooldown is presumed lost and a fresh one is
+//! admitted. So a half-open circuit always gets another probe.
+//!
+//! # What trips it, and what does not
+//!
+//! Trips (by default, from the [`FailurePolicy`](tower_llm_core::FailurePolicy)):
+//! transient (5xx, 529 overloaded, connect error, reset), timeout, rate
+//! limited, quota exhausted, invalid response. A call cut off by the retry
+//! layer's per-attempt timeout counts as a timeout (the breaker reads the
+//! attempt record as the call is dropped). Never: client errors (400,
+//! 401/403, 404, context window, content filtered), cancellation, deadline
+//! exceeded, or another breaker's refusal: they neither trip nor reset it.
+//!
+//! A 429 with `Retry-After` holds its key open for that long (capped, on by
+//! default), so traffic goes to the fallback instead of a provider that
+//! asked us to wait.
+//!
+//! # Keys
+//!
+//! One circuit per [`BreakerKey`]: by default provider and model of the
+//! request's [`Link`](tower_llm_core::Link) (set by the fallback layer) or of
+//! the layer's own. A key function can add a scope (credential, tenant,
+//! region, endpoint): one tenant's revoked key must not open the circuit for
+//! everyone. [`AuthorityKey`] keys raw HTTP calls by URI authority.
+//!
+//! # Where it goes, and why
+//!
+//! Inside the retry and fallback layers: `deadline → fallback → retry →
+//! breaker → provider`. Inside fallback, so an open circuit makes the
+//! fallback skip to the next link instead of failing the call; inside retry,
+//! so each attempt is admitted or refused, and a refusal is never retried on
+//! the same link (*circuit open* is not retryable; it fails over at once).
+//!
+//! # Errors, not responses
+//!
+//! A refusal is a [`Failure`](tower_llm_core::Failure) naming the provider
+//! and model. Unlike a load-shed, `poll_ready` never refuses: the key is not
+//! known before the request, so readiness is the inner service's and the
+//! refusal happens in `call`.
+//!
+//! # Hot path
+//!
+//! Admission in the closed state and fail-fast in the open state are a few
+//! atomic loads; the store is sharded (no global lock); no lock is ever held
+//! across an `.await`. The [`BreakerStore`] trait lets another store be
+//! plugged in without touching the layer.
+//!
+//! # Feature flags
+//!
+//! None.
+
+mod circuit;
+mod config;
+mod future;
+mod handle;
+mod key;
+mod layer;
+mod service;
+mod store;
+
+pub use circuit::{Circuit, CircuitSnapshot, CircuitState, Transition, TransitionReason};
+pub use config::{BreakerConfig, RatioTrigger};
+pub use future::ResponseFuture;
+pub use handle::BreakerHandle;
+pub use key::{AuthorityKey, BreakerKey, KeyFn, LinkKey};
+pub use layer::{BreakerLayer, InvalidBreakerConfig, Observer};
+pub use service::Breaker;
+pub use store::{BreakerStore, MemoryStore};

@@ -1,0 +1,104 @@
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::time::Instant;
+use tower_llm_core::{AttemptLog, BoxError, Classify, Failure, HasExtensions};
+use tower_service::Service;
+
+use crate::future::Guard;
+use crate::{BreakerLayer, KeyFn, ResponseFuture};
+
+/// The service built by [`BreakerLayer`]: see the [crate docs](crate).
+#[derive(Debug)]
+pub struct Breaker<S, K, C> {
+    inner: S,
+    shared: Arc<BreakerLayer<K, C>>,
+}
+
+impl<S: Clone, K, C> Clone for Breaker<S, K, C> {
+    fn clone(&self) -> Self {
+        Breaker {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S, K, C> Breaker<S, K, C> {
+    pub(crate) fn new(inner: S, shared: Arc<BreakerLayer<K, C>>) -> Self {
+        Breaker { inner, shared }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, K, C, Req> Service<Req> for Breaker<S, K, C>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    K: KeyFn<Req>,
+    C: Classify<S::Response, Failure>,
+    Req: HasExtensions,
+{
+    type Response = S::Response;
+    type Error = Failure;
+    type Future = ResponseFuture<S::Future, K, C>;
+
+    /// Passes the inner service's readiness through: an open circuit is
+    /// refused in `call`, never by `poll_ready` (the load-shed pattern; the
+    /// key is not known before the request).
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| Failure::from_error(e.into()))
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let shared = &self.shared;
+        let key = shared.key_fn.key(&req, &shared.link);
+        let circuit = shared.store.circuit(key);
+        let (admission, transition) = circuit.admit(&shared.config);
+        if let (Some(observer), Some(t)) = (&shared.observer, &transition) {
+            observer(t);
+        }
+        match admission {
+            Err(retry_after) => {
+                let key = circuit.key();
+                let mut failure = Failure::circuit_open(retry_after);
+                failure.set_origin_if_unset(key_part(key.provider()), key_part(key.model()));
+                ResponseFuture::refused(failure)
+            }
+            Ok(admission) => {
+                let guard = Guard {
+                    circuit,
+                    admission,
+                    shared: self.shared.clone(),
+                    start: shared.config.slow_call.map(|_| Instant::now()),
+                    log: AttemptLog::of(req.extensions()).cloned(),
+                    done: false,
+                };
+                ResponseFuture::running(self.inner.call(req), guard)
+            }
+        }
+    }
+}
+
+/// The refusal path may allocate: it is the cheap path compared with a
+/// provider call, and it names the circuit in the error.
+fn key_part(s: &str) -> Arc<str> {
+    Arc::from(s)
+}

@@ -1,0 +1,181 @@
+//! Where circuits live.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use crate::{BreakerKey, Circuit};
+
+/// The registry of circuits, one per [`BreakerKey`].
+///
+/// The layer reaches circuits only through this trait, so another store
+/// (for example one that shares open circuits between replicas) can be
+/// plugged in without touching the layer. A store is called on every
+/// request: it must not block on I/O.
+pub trait BreakerStore: Send + Sync + fmt::Debug + 'static {
+    /// The circuit of `key`, created closed if there is none.
+    fn circuit(&self, key: BreakerKey) -> Arc<Circuit>;
+    /// The circuit of `key`, if there is one.
+    fn find(&self, key: &BreakerKey) -> Option<Arc<Circuit>>;
+    /// Every circuit held.
+    fn circuits(&self) -> Vec<Arc<Circuit>>;
+}
+
+const SHARDS: usize = 16;
+
+type Shard = RwLock<HashMap<BreakerKey, Arc<Circuit>>>;
+
+/// The default, in-process store: sixteen independently locked shards
+/// (no global lock), bounded to `max_keys` circuits.
+///
+/// When full, idle circuits (closed, no failure counted, no call in
+/// flight) are evicted: forgetting them loses nothing, since a new circuit
+/// for the same key starts the same way. If every circuit is busy, a new
+/// key gets a circuit that is not stored (it behaves as closed), so
+/// unbounded key cardinality can never exhaust memory.
+pub struct MemoryStore {
+    shards: Box<[Shard]>,
+    hasher: RandomState,
+    len: AtomicUsize,
+    max_keys: usize,
+}
+
+impl MemoryStore {
+    /// A store holding at most `max_keys` circuits (at least 1).
+    pub fn new(max_keys: usize) -> Self {
+        MemoryStore {
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+            len: AtomicUsize::new(0),
+            max_keys: max_keys.max(1),
+        }
+    }
+
+    /// Circuits held now.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// `true` when no circuit is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard(&self, key: &BreakerKey) -> &Shard {
+        let i = (self.hasher.hash_one(key) as usize) % SHARDS;
+        &self.shards[i]
+    }
+
+    /// Drops idle circuits nobody is using.
+    fn evict_idle(&self) {
+        for shard in self.shards.iter() {
+            let mut map = shard.write().unwrap_or_else(PoisonError::into_inner);
+            let before = map.len();
+            map.retain(|_, c| !(c.is_idle() && Arc::strong_count(c) == 1));
+            self.len.fetch_sub(before - map.len(), Ordering::Relaxed);
+        }
+    }
+}
+
+impl Default for MemoryStore {
+    /// Up to 10,000 circuits.
+    fn default() -> Self {
+        MemoryStore::new(10_000)
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("len", &self.len())
+            .field("max_keys", &self.max_keys)
+            .finish()
+    }
+}
+
+impl BreakerStore for MemoryStore {
+    fn circuit(&self, key: BreakerKey) -> Arc<Circuit> {
+        let shard = self.shard(&key);
+        if let Some(c) = shard
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key)
+        {
+            return c.clone();
+        }
+        if self.len() >= self.max_keys {
+            self.evict_idle();
+            if self.len() >= self.max_keys {
+                return Arc::new(Circuit::new(key));
+            }
+        }
+        let mut map = shard.write().unwrap_or_else(PoisonError::into_inner);
+        map.entry(key)
+            .or_insert_with_key(|key| {
+                self.len.fetch_add(1, Ordering::Relaxed);
+                Arc::new(Circuit::new(key.clone()))
+            })
+            .clone()
+    }
+
+    fn find(&self, key: &BreakerKey) -> Option<Arc<Circuit>> {
+        self.shard(key)
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    fn circuits(&self) -> Vec<Arc<Circuit>> {
+        let mut all = Vec::with_capacity(self.len());
+        for shard in self.shards.iter() {
+            all.extend(
+                shard
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .values()
+                    .cloned(),
+            );
+        }
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_key_same_circuit() {
+        let store = MemoryStore::new(10);
+        let a = store.circuit(BreakerKey::new("p", "m"));
+        let b = store.circuit(BreakerKey::new("p", "m"));
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(store.len(), 1);
+        assert!(store.find(&BreakerKey::new("p", "other")).is_none());
+    }
+
+    #[test]
+    fn bounded_by_evicting_idle_circuits() {
+        let store = MemoryStore::new(100);
+        for i in 0..10_000 {
+            drop(store.circuit(BreakerKey::new("p", format!("m{i}"))));
+        }
+        assert!(store.len() <= 100, "{}", store.len());
+    }
+
+    #[test]
+    fn busy_circuits_are_kept_and_extra_keys_are_detached() {
+        let store = MemoryStore::new(2);
+        let held: Vec<_> = (0..2)
+            .map(|i| store.circuit(BreakerKey::new("p", format!("m{i}"))))
+            .collect();
+        let extra = store.circuit(BreakerKey::new("p", "m-extra"));
+        assert_eq!(store.len(), 2);
+        assert!(store.find(extra.key()).is_none());
+        assert!(store.find(held[0].key()).is_some());
+    }
+}

@@ -1,0 +1,648 @@
+//! Behaviour of the circuit breaker, under virtual time (and one stress
+//! test on two worker threads).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::StatusCode;
+use tokio::time::Instant;
+use tower::util::BoxCloneService;
+use tower::{Layer, ServiceExt, service_fn};
+use tower_llm_breaker::{
+    BreakerConfig, BreakerHandle, BreakerKey, BreakerLayer, CircuitState, RatioTrigger, Transition,
+    TransitionReason,
+};
+use tower_llm_core::{ChatRequest, ChatResponse, Failure, FailureClass, Link, Message, Usage};
+
+type Svc = BoxCloneService<ChatRequest, ChatResponse, Failure>;
+
+/// What the provider does with the next call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Answer {
+    Ok,
+    Status(u16),
+    RateLimited(u64),
+    HangThen(u64, bool),
+}
+
+/// A provider whose next answer the test sets; counts calls.
+#[derive(Clone)]
+struct Provider {
+    answer: Arc<Mutex<Answer>>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Provider {
+    fn new(answer: Answer) -> Self {
+        Provider {
+            answer: Arc::new(Mutex::new(answer)),
+            calls: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn set(&self, answer: Answer) {
+        *self.answer.lock().expect("lock") = answer;
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn service(&self) -> Svc {
+        let p = self.clone();
+        BoxCloneService::new(service_fn(move |req: ChatRequest| {
+            p.calls.fetch_add(1, Ordering::SeqCst);
+            let answer = *p.answer.lock().expect("lock");
+            async move {
+                let status = |s: u16| StatusCode::from_u16(s).expect("status");
+                match answer {
+                    Answer::Ok => Ok(ok(&req)),
+                    Answer::Status(s) => {
+                        let class = match s {
+                            400 => FailureClass::BadRequest,
+                            401 | 403 => FailureClass::Auth,
+                            404 => FailureClass::NotFound,
+                            _ => FailureClass::Transient,
+                        };
+                        Err(Failure::new(class).with_status(status(s)))
+                    }
+                    Answer::RateLimited(secs) => Err(Failure::new(FailureClass::RateLimited)
+                        .with_status(status(429))
+                        .with_retry_after(Duration::from_secs(secs))),
+                    Answer::HangThen(ms, succeed) => {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        if succeed {
+                            Ok(ok(&req))
+                        } else {
+                            Err(Failure::new(FailureClass::Transient).with_status(status(503)))
+                        }
+                    }
+                }
+            }
+        }))
+    }
+}
+
+fn ok(req: &ChatRequest) -> ChatResponse {
+    ChatResponse {
+        id: "id".into(),
+        model: req.model.clone(),
+        provider: "p".into(),
+        choices: vec![],
+        usage: Usage::default(),
+        latency: Duration::ZERO,
+        attempts: vec![],
+    }
+}
+
+fn req() -> ChatRequest {
+    ChatRequest::new("m", vec![Message::user("hi")])
+}
+
+fn req_for(provider: &str) -> ChatRequest {
+    let mut r = req();
+    r.extensions.insert(Link::new(provider, "m"));
+    r
+}
+
+fn key() -> BreakerKey {
+    BreakerKey::new("default", "")
+}
+
+fn breaker(config: BreakerConfig) -> (BreakerLayer, BreakerHandle) {
+    let layer = BreakerLayer::new()
+        .with_config(config)
+        .expect("valid config");
+    let handle = layer.handle();
+    (layer, handle)
+}
+
+fn state(handle: &BreakerHandle, key: &BreakerKey) -> CircuitState {
+    handle.get(key).expect("circuit exists").state
+}
+
+#[tokio::test(start_paused = true)]
+async fn five_503s_open_the_circuit_and_the_sixth_fails_fast() {
+    let provider = Provider::new(Answer::Status(503));
+    let (layer, handle) = breaker(BreakerConfig::default());
+    let svc = layer.layer(provider.service());
+    for n in 1..=5 {
+        let err = svc.clone().oneshot(req()).await.expect_err("503");
+        assert!(err.is_transient(), "call {n}: {err:?}");
+    }
+    assert_eq!(provider.calls(), 5);
+    assert_eq!(state(&handle, &key()), CircuitState::Open);
+
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let err = svc.clone().oneshot(req()).await.expect_err("open");
+    assert!(err.is_circuit_open(), "{err:?}");
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(29)));
+    assert_eq!(err.provider(), Some("default"));
+    assert_eq!(provider.calls(), 5, "the inner service was not called");
+}
+
+async fn open_it(svc: &Svc, provider: &Provider, handle: &BreakerHandle) {
+    provider.set(Answer::Status(503));
+    for _ in 0..5 {
+        let _ = svc.clone().oneshot(req()).await;
+    }
+    assert_eq!(state(handle, &key()), CircuitState::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_the_cooldown_exactly_one_of_ten_concurrent_calls_probes() {
+    for probe_succeeds in [true, false] {
+        let provider = Provider::new(Answer::Status(503));
+        let (layer, handle) = breaker(BreakerConfig::default());
+        let svc: Svc = BoxCloneService::new(layer.layer(provider.service()));
+        open_it(&svc, &provider, &handle).await;
+        let before = provider.calls();
+
+        tokio::time::advance(Duration::from_secs(30)).await;
+        provider.set(Answer::HangThen(100, probe_succeeds));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..10 {
+            tasks.spawn(svc.clone().oneshot(req()));
+        }
+        let mut refused = 0;
+        while let Some(done) = tasks.join_next().await {
+            if let Err(e) = done.expect("task") {
+                if e.is_circuit_open() {
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!(provider.calls() - before, 1, "exactly one probe");
+        assert_eq!(refused, 9);
+        let expected = if probe_succeeds {
+            CircuitState::Closed
+        } else {
+            CircuitState::Open
+        };
+        assert_eq!(state(&handle, &key()), expected);
+        if !probe_succeeds {
+            let snap = handle.get(&key()).expect("circuit");
+            assert_eq!(snap.retry_after, Some(Duration::from_secs(30)));
+            assert_eq!(snap.reopens, 1);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_probe_frees_its_slot() {
+    let provider = Provider::new(Answer::Status(503));
+    let (layer, handle) = breaker(BreakerConfig::default());
+    let svc: Svc = BoxCloneService::new(layer.layer(provider.service()));
+    open_it(&svc, &provider, &handle).await;
+
+    tokio::time::advance(Duration::from_secs(30)).await;
+    provider.set(Answer::HangThen(60_000, true));
+    let probe = tokio::spawn(svc.clone().oneshot(req()));
+    tokio::task::yield_now().await;
+    assert_eq!(state(&handle, &key()), CircuitState::HalfOpen);
+    assert!(
+        svc.clone()
+            .oneshot(req())
+            .await
+            .expect_err("slot taken")
+            .is_circuit_open()
+    );
+    probe.abort();
+    let _ = probe.await;
+
+    // The slot is free at once: the next call probes and closes it.
+    provider.set(Answer::Ok);
+    svc.clone().oneshot(req()).await.expect("new probe");
+    assert_eq!(state(&handle, &key()), CircuitState::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_that_never_answers_is_presumed_lost_after_a_cooldown() {
+    let provider = Provider::new(Answer::Status(503));
+    let (layer, handle) = breaker(BreakerConfig::default());
+    let svc: Svc = BoxCloneService::new(layer.layer(provider.service()));
+    open_it(&svc, &provider, &handle).await;
+
+    tokio::time::advance(Duration::from_secs(30)).await;
+    provider.set(Answer::HangThen(3_600_000, true));
+    let _hung = tokio::spawn(svc.clone().oneshot(req()));
+    tokio::task::yield_now().await;
+    tokio::time::advance(Duration::from_secs(29)).await;
+    assert!(
+        svc.clone()
+            .oneshot(req())
+            .await
+            .expect_err("still probing")
+            .is_circuit_open()
+    );
+    tokio::time::advance(Duration::from_secs(1)).await;
+    provider.set(Answer::Ok);
+    svc.clone().oneshot(req()).await.expect("a fresh probe");
+    assert_eq!(state(&handle, &key()), CircuitState::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_errors_neither_reset_nor_advance_the_count() {
+    let provider = Provider::new(Answer::Status(503));
+    let (layer, handle) = breaker(BreakerConfig::default());
+    let svc = layer.layer(provider.service());
+    let script = [503, 400, 503, 401, 503, 404, 503, 403];
+    for status in script {
+        provider.set(Answer::Status(status));
+        let _ = svc.clone().oneshot(req()).await;
+    }
+    let snap = handle.get(&key()).expect("circuit");
+    assert_eq!(snap.state, CircuitState::Closed);
+    assert_eq!(snap.consecutive_failures, 4);
+    provider.set(Answer::Status(503));
+    let _ = svc.clone().oneshot(req()).await;
+    assert_eq!(state(&handle, &key()), CircuitState::Open);
+    // A success, by contrast, resets the count.
+    handle.close(&key());
+    for answer in [
+        Answer::Status(503),
+        Answer::Status(503),
+        Answer::Ok,
+        Answer::Status(503),
+    ] {
+        provider.set(answer);
+        let _ = svc.clone().oneshot(req()).await;
+    }
+    assert_eq!(handle.get(&key()).expect("circuit").consecutive_failures, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_provider_open_another_serving() {
+    let a = Provider::new(Answer::Status(503));
+    let b = Provider::new(Answer::Ok);
+    let (layer, handle) = breaker(BreakerConfig::default());
+    // One layer (one store) in front of a router by provider name.
+    let (sa, sb) = (a.service(), b.service());
+    let router = service_fn(move |req: ChatRequest| {
+        let to = Link::of(&req.extensions).map(|l| l.provider().to_owned());
+        let svc = if to.as_deref() == Some("a") {
+            sa.clone()
+        } else {
+            sb.clone()
+        };
+        svc.oneshot(req)
+    });
+    let svc = layer.layer(router);
+    for _ in 0..5 {
+        let _ = svc.clone().oneshot(req_for("a")).await;
+    }
+    assert!(
+        svc.clone()
+            .oneshot(req_for("a"))
+            .await
+            .expect_err("a open")
+            .is_circuit_open()
+    );
+    for _ in 0..3 {
+        svc.clone().oneshot(req_for("b")).await.expect("b serves");
+    }
+    assert_eq!(
+        state(&handle, &BreakerKey::new("a", "m")),
+        CircuitState::Open
+    );
+    assert_eq!(
+        state(&handle, &BreakerKey::new("b", "m")),
+        CircuitState::Closed
+    );
+}
+
+/// The tenant a request is made for.
+#[derive(Clone)]
+struct Tenant(&'static str);
+
+#[tokio::test(start_paused = true)]
+async fn a_credential_scoped_key_opens_only_for_that_credential() {
+    let provider = Provider::new(Answer::Ok);
+    let layer = BreakerLayer::new().with_key_fn(|req: &ChatRequest, link: &Link| {
+        let key = BreakerKey::from_link(tower_llm_core::Link::of(&req.extensions).unwrap_or(link));
+        match req.extensions.get::<Tenant>() {
+            Some(t) => key.with_scope(t.0),
+            None => key,
+        }
+    });
+    let handle = layer.handle();
+    let failing = provider.service();
+    // Tenant t1's key is revoked upstream: 5xx-class failures for t1 only.
+    let svc = layer.layer(service_fn(move |req: ChatRequest| {
+        let revoked = req.extensions.get::<Tenant>().is_some_and(|t| t.0 == "t1");
+        let inner = failing.clone();
+        async move {
+            if revoked {
+                Err(Failure::new(FailureClass::Transient))
+            } else {
+                inner.oneshot(req).await
+            }
+        }
+    }));
+    let for_tenant = |t: &'static str| {
+        let mut r = req();
+        r.extensions.insert(Tenant(t));
+        r
+    };
+    for _ in 0..5 {
+        let _ = svc.clone().oneshot(for_tenant("t1")).await;
+    }
+    assert!(
+        svc.clone()
+            .oneshot(for_tenant("t1"))
+            .await
+            .expect_err("t1")
+            .is_circuit_open()
+    );
+    svc.clone()
+        .oneshot(for_tenant("t2"))
+        .await
+        .expect("t2 unaffected");
+    assert_eq!(
+        state(&handle, &BreakerKey::new("default", "").with_scope("t1")),
+        CircuitState::Open
+    );
+    assert_eq!(
+        state(&handle, &BreakerKey::new("default", "").with_scope("t2")),
+        CircuitState::Closed
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_failure_ratio_waits_for_its_minimum_calls() {
+    let provider = Provider::new(Answer::Ok);
+    let (layer, handle) = breaker(BreakerConfig {
+        consecutive_failures: 0,
+        failure_ratio: Some(RatioTrigger {
+            ratio: 0.5,
+            min_calls: 20,
+            window: Duration::from_secs(30),
+        }),
+        ..BreakerConfig::default()
+    });
+    let svc = layer.layer(provider.service());
+    // 19 calls, 10 failing: 53 %, but below the minimum.
+    for i in 0..19 {
+        provider.set(if i % 2 == 0 {
+            Answer::Status(503)
+        } else {
+            Answer::Ok
+        });
+        let _ = svc.clone().oneshot(req()).await;
+    }
+    assert_eq!(state(&handle, &key()), CircuitState::Closed);
+    provider.set(Answer::Status(503));
+    let _ = svc.clone().oneshot(req()).await;
+    assert_eq!(state(&handle, &key()), CircuitState::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_failure_ratio_forgets_calls_outside_its_window() {
+    let provider = Provider::new(Answer::Status(503));
+    let (layer, handle) = breaker(BreakerConfig {
+        consecutive_failures: 0,
+        failure_ratio: Some(RatioTrigger {
+            ratio: 0.5,
+            min_calls: 4,
+            window: Duration::from_secs(10),
+        }),
+        ..BreakerConfig::default()
+    });
+    let svc = layer.layer(provider.service());
+    for _ in 0..3 {
+        let _ = svc.clone().oneshot(req()).await;
+    }
+    tokio::time::advance(Duration::from_secs(11)).await;
+    let _ = svc.clone().oneshot(req()).await;
+    assert_eq!(state(&handle, &key()), CircuitState::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_429_retry_after_holds_the_key_open_then_probes() {
+    let provider = Provider::new(Answer::RateLimited(20));
+    let transitions = Arc::new(Mutex::new(Vec::<Transition>::new()));
+    let seen = transitions.clone();
+    let layer =
+        BreakerLayer::new().on_transition(move |t| seen.lock().expect("lock").push(t.clone()));
+    let handle = layer.handle();
+    let svc = layer.layer(provider.service());
+    let start = Instant::now();
+
+    assert!(
+        svc.clone()
+            .oneshot(req())
+            .await
+            .expect_err("429")
+            .is_rate_limited()
+    );
+    assert_eq!(state(&handle, &key()), CircuitState::Open);
+    tokio::time::advance(Duration::from_millis(19_999)).await;
+    let err = svc.clone().oneshot(req()).await.expect_err("held");
+    assert!(err.is_circuit_open());
+    assert_eq!(err.retry_after(), Some(Duration::from_millis(1)));
+    tokio::time::advance(Duration::from_millis(1)).await;
+    provider.set(Answer::Ok);
+    svc.clone().oneshot(req()).await.expect("probe");
+    assert_eq!(provider.calls(), 2);
+
+    let t = transitions.lock().expect("lock").clone();
+    let steps: Vec<_> = t.iter().map(|t| (t.from, t.to, t.reason)).collect();
+    assert_eq!(
+        steps,
+        [
+            (
+                CircuitState::Closed,
+                CircuitState::Open,
+                TransitionReason::RateLimited
+            ),
+            (
+                CircuitState::Open,
+                CircuitState::HalfOpen,
+                TransitionReason::CooldownElapsed
+            ),
+            (
+                CircuitState::HalfOpen,
+                CircuitState::Closed,
+                TransitionReason::ProbesSucceeded
+            ),
+        ]
+    );
+    assert_eq!(t[0].open_for, Some(Duration::from_secs(20)));
+    assert_eq!(t[0].at, start);
+    assert_eq!(t[1].at, start + Duration::from_secs(20));
+}
+
+#[tokio::test(start_paused = true)]
+async fn reopening_only_ever_extends() {
+    let provider = Provider::new(Answer::RateLimited(60));
+    let (layer, handle) = breaker(BreakerConfig::default());
+    let svc = layer.layer(provider.service());
+    let _ = svc.clone().oneshot(req()).await;
+    assert_eq!(
+        handle.get(&key()).expect("c").retry_after,
+        Some(Duration::from_secs(60))
+    );
+    // A later, shorter hold arriving from a call admitted earlier does not
+    // shorten it (the outcome belongs to an old generation anyway).
+    handle.isolate(&key());
+    assert_eq!(state(&handle, &key()), CircuitState::Isolated);
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert!(
+        svc.clone()
+            .oneshot(req())
+            .await
+            .expect_err("isolated")
+            .is_circuit_open()
+    );
+    handle.close(&key());
+    provider.set(Answer::Ok);
+    svc.clone().oneshot(req()).await.expect("closed by hand");
+}
+
+#[tokio::test(start_paused = true)]
+async fn cooldown_grows_on_consecutive_reopens_up_to_the_cap() {
+    let provider = Provider::new(Answer::Status(503));
+    let (layer, handle) = breaker(BreakerConfig {
+        consecutive_failures: 1,
+        cooldown: Duration::from_secs(10),
+        cooldown_growth: 2.0,
+        max_cooldown: Duration::from_secs(35),
+        ..BreakerConfig::default()
+    });
+    let svc = layer.layer(provider.service());
+    let _ = svc.clone().oneshot(req()).await;
+    let mut seen = vec![handle.get(&key()).expect("c").retry_after];
+    for _ in 0..3 {
+        let wait = seen.last().copied().flatten().expect("open");
+        tokio::time::advance(wait).await;
+        let _ = svc.clone().oneshot(req()).await; // the probe fails
+        seen.push(handle.get(&key()).expect("c").retry_after);
+    }
+    let secs = |s| Some(Duration::from_secs(s));
+    assert_eq!(seen, [secs(10), secs(20), secs(35), secs(35)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_timeout_of_the_retry_layer_counts_against_the_circuit() {
+    let provider = Provider::new(Answer::HangThen(60_000, true));
+    let (layer, handle) = breaker(BreakerConfig {
+        consecutive_failures: 2,
+        ..BreakerConfig::default()
+    });
+    let svc = tower::ServiceBuilder::new()
+        .layer(
+            tower_llm_retry::RetryLayer::new()
+                .with_max_attempts(1)
+                .with_attempt_timeout(Duration::from_secs(1)),
+        )
+        .layer(layer)
+        .service(provider.service());
+    for _ in 0..2 {
+        assert!(
+            svc.clone()
+                .oneshot(req())
+                .await
+                .expect_err("timeout")
+                .is_timeout()
+        );
+    }
+    assert_eq!(state(&handle, &key()), CircuitState::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_and_cancellation_do_not_count() {
+    let provider = Provider::new(Answer::HangThen(60_000, true));
+    let (layer, handle) = breaker(BreakerConfig {
+        consecutive_failures: 1,
+        ..BreakerConfig::default()
+    });
+    let svc = tower::ServiceBuilder::new()
+        .layer(tower_llm_deadline::DeadlineLayer::new(Duration::from_secs(
+            1,
+        )))
+        .layer(tower_llm_retry::RetryLayer::new())
+        .layer(layer)
+        .service(provider.service());
+    for _ in 0..3 {
+        let err = svc.clone().oneshot(req()).await.expect_err("deadline");
+        assert!(err.is_deadline_exceeded(), "{err:?}");
+    }
+    assert_eq!(state(&handle, &key()), CircuitState::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_successes_can_count_as_failures() {
+    let provider = Provider::new(Answer::HangThen(2_000, true));
+    let (layer, handle) = breaker(BreakerConfig {
+        consecutive_failures: 2,
+        slow_call: Some(Duration::from_secs(1)),
+        ..BreakerConfig::default()
+    });
+    let svc = layer.layer(provider.service());
+    for _ in 0..2 {
+        svc.clone().oneshot(req()).await.expect("slow but fine");
+    }
+    assert_eq!(state(&handle, &key()), CircuitState::Open);
+}
+
+/// Many tasks on two worker threads race for half-open probe slots; the
+/// provider always fails, so every call that reaches it after the first
+/// trip is a probe. Each round ends the cooldown by hand; within a round at
+/// most K probes may reach the provider, and never more than K at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_than_k_probes_in_flight() {
+    const K: u32 = 2;
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let max_in_flight = Arc::new(AtomicUsize::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (f, m, c) = (in_flight.clone(), max_in_flight.clone(), calls.clone());
+    let provider = service_fn(move |_req: ChatRequest| {
+        let (f, m, c) = (f.clone(), m.clone(), c.clone());
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            let now = f.fetch_add(1, Ordering::SeqCst) + 1;
+            m.fetch_max(now, Ordering::SeqCst);
+            for _ in 0..8 {
+                tokio::task::yield_now().await;
+            }
+            f.fetch_sub(1, Ordering::SeqCst);
+            Err::<ChatResponse, _>(Failure::new(FailureClass::Transient))
+        }
+    });
+    let layer = BreakerLayer::new()
+        .with_config(BreakerConfig {
+            consecutive_failures: 1,
+            half_open_probes: K,
+            cooldown: Duration::from_secs(3600),
+            ..BreakerConfig::default()
+        })
+        .expect("config");
+    let handle = layer.handle();
+    let svc = layer.layer(provider);
+    let _ = svc.clone().oneshot(req()).await;
+    assert_eq!(state(&handle, &key()), CircuitState::Open);
+
+    for round in 0..50 {
+        let before = calls.load(Ordering::SeqCst);
+        handle.probe_now(&key());
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..64 {
+            let svc = svc.clone();
+            tasks.spawn(async move {
+                for _ in 0..4 {
+                    let _ = svc.clone().oneshot(req()).await;
+                    tokio::task::yield_now().await;
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        let probes = calls.load(Ordering::SeqCst) - before;
+        assert!(
+            (1..=K as usize).contains(&probes),
+            "round {round}: {probes} probes"
+        );
+        assert_eq!(state(&handle, &key()), CircuitState::Open);
+    }
+    assert!(max_in_flight.load(Ordering::SeqCst) <= K as usize);
+}
