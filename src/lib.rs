@@ -78,8 +78,8 @@ pub mod retry {
 pub mod breaker {
     pub use tower_llm_breaker::{
         AuthorityKey, Breaker, BreakerConfig, BreakerHandle, BreakerKey, BreakerLayer,
-        BreakerStore, Circuit, CircuitSnapshot, CircuitState, InvalidBreakerConfig, KeyFn, LinkKey,
-        MemoryStore, Observer, RatioTrigger, ResponseFuture, Transition, TransitionReason,
+        BreakerStore, Circuit, CircuitSnapshot, CircuitState, InvalidBreakerConfig, KeyFn, KeyView,
+        LinkKey, MemoryStore, Observer, RatioTrigger, ResponseFuture, Transition, TransitionReason,
     };
 }
 

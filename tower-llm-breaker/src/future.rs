@@ -6,25 +6,31 @@ use std::task::{Context, Poll, ready};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_llm_core::{
-    AttemptLog, AttemptOutcome, BoxError, Classify, Failure, FailureClass, Outcome,
+    AttemptLog, AttemptOutcome, BoxError, Classify, Failure, FailureClass, FailurePolicy, Outcome,
 };
 
-use crate::BreakerLayer;
 use crate::circuit::{Admission, Circuit, Verdict};
+use crate::{BreakerConfig, Observer};
 
 /// An admitted call's hold on its circuit: records the outcome when the
 /// call ends, and on drop without an outcome releases a probe slot (or,
 /// when the attempt log says the attempt timed out, counts the timeout).
-pub(crate) struct Guard<K, C> {
+///
+/// It carries copies of the few settings it needs rather than a reference
+/// to the shared layer: one less shared reference count to bump per call.
+pub(crate) struct Guard<C> {
     pub(crate) circuit: Arc<Circuit>,
     pub(crate) admission: Admission,
-    pub(crate) shared: Arc<BreakerLayer<K, C>>,
+    pub(crate) config: BreakerConfig,
+    pub(crate) failures: FailurePolicy,
+    pub(crate) classifier: C,
+    pub(crate) observer: Option<Observer>,
     pub(crate) start: Option<Instant>,
     pub(crate) log: Option<AttemptLog>,
     pub(crate) done: bool,
 }
 
-impl<K, C> std::fmt::Debug for Guard<K, C> {
+impl<C> std::fmt::Debug for Guard<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Guard")
             .field("circuit", &self.circuit)
@@ -33,13 +39,11 @@ impl<K, C> std::fmt::Debug for Guard<K, C> {
     }
 }
 
-impl<K, C> Guard<K, C> {
+impl<C> Guard<C> {
     fn record(mut self, verdict: Verdict) {
         self.done = true;
-        let transition = self
-            .circuit
-            .record(self.admission, verdict, &self.shared.config);
-        if let (Some(observer), Some(t)) = (&self.shared.observer, &transition) {
+        let transition = self.circuit.record(self.admission, verdict, &self.config);
+        if let (Some(observer), Some(t)) = (&self.observer, &transition) {
             observer(t);
         }
     }
@@ -48,9 +52,9 @@ impl<K, C> Guard<K, C> {
     where
         C: Classify<Res, Failure>,
     {
-        match self.shared.classifier.classify(result) {
+        match self.classifier.classify(result) {
             Outcome::Success { .. } => {
-                let slow = match (self.shared.config.slow_call, self.start) {
+                let slow = match (self.config.slow_call, self.start) {
                     (Some(limit), Some(start)) => start.elapsed() >= limit,
                     _ => false,
                 };
@@ -61,7 +65,7 @@ impl<K, C> Guard<K, C> {
                 }
             }
             Outcome::Failure(c) => {
-                if self.shared.failures.get(c.class).trip_breaker {
+                if self.failures.get(c.class).trip_breaker {
                     let hold = match c.class {
                         FailureClass::RateLimited => c.retry_after,
                         _ => None,
@@ -75,7 +79,7 @@ impl<K, C> Guard<K, C> {
     }
 }
 
-impl<K, C> Drop for Guard<K, C> {
+impl<C> Drop for Guard<C> {
     fn drop(&mut self) {
         if self.done {
             return;
@@ -90,9 +94,9 @@ impl<K, C> Drop for Guard<K, C> {
             let transition = self.circuit.record(
                 self.admission,
                 Verdict::Failure { hold: None },
-                &self.shared.config,
+                &self.config,
             );
-            if let (Some(observer), Some(t)) = (&self.shared.observer, &transition) {
+            if let (Some(observer), Some(t)) = (&self.observer, &transition) {
                 observer(t);
             }
         } else {
@@ -104,15 +108,15 @@ impl<K, C> Drop for Guard<K, C> {
 pin_project! {
     /// Response future of [`Breaker`](crate::Breaker).
     #[derive(Debug)]
-    pub struct ResponseFuture<F, K, C> {
+    pub struct ResponseFuture<F, C> {
         #[pin]
         inner: Option<F>,
         refused: Option<Failure>,
-        guard: Option<Guard<K, C>>,
+        guard: Option<Guard<C>>,
     }
 }
 
-impl<F, K, C> ResponseFuture<F, K, C> {
+impl<F, C> ResponseFuture<F, C> {
     pub(crate) fn refused(failure: Failure) -> Self {
         ResponseFuture {
             inner: None,
@@ -121,7 +125,7 @@ impl<F, K, C> ResponseFuture<F, K, C> {
         }
     }
 
-    pub(crate) fn running(inner: F, guard: Guard<K, C>) -> Self {
+    pub(crate) fn running(inner: F, guard: Guard<C>) -> Self {
         ResponseFuture {
             inner: Some(inner),
             refused: None,
@@ -130,7 +134,7 @@ impl<F, K, C> ResponseFuture<F, K, C> {
     }
 }
 
-impl<F, K, C, Res, E> Future for ResponseFuture<F, K, C>
+impl<F, C, Res, E> Future for ResponseFuture<F, C>
 where
     F: Future<Output = Result<Res, E>>,
     E: Into<BoxError>,

@@ -1,6 +1,8 @@
 //! Which circuit a request belongs to.
 
+use std::borrow::Borrow;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use tower_llm_core::{HasExtensions, Link};
@@ -18,7 +20,7 @@ use tower_llm_core::{HasExtensions, Link};
 /// let key = BreakerKey::new("openai", "gpt-4o-mini").with_scope("tenant-42");
 /// assert_eq!(key.to_string(), "openai/gpt-4o-mini#tenant-42");
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone)]
 pub struct BreakerKey {
     provider: Arc<str>,
     model: Arc<str>,
@@ -67,7 +69,99 @@ impl BreakerKey {
     pub fn scope(&self) -> Option<&str> {
         self.scope.as_deref()
     }
+
+    /// The key as borrowed parts.
+    pub fn view(&self) -> KeyView<'_> {
+        KeyView {
+            provider: &self.provider,
+            model: &self.model,
+            scope: self.scope.as_deref(),
+        }
+    }
+
+    pub(crate) fn provider_arc(&self) -> &Arc<str> {
+        &self.provider
+    }
+
+    pub(crate) fn model_arc(&self) -> &Arc<str> {
+        &self.model
+    }
 }
+
+/// A [`BreakerKey`] as borrowed parts: what a store looks a circuit up by,
+/// so that finding an existing circuit copies nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyView<'a> {
+    /// The provider.
+    pub provider: &'a str,
+    /// The model.
+    pub model: &'a str,
+    /// The scope, if any.
+    pub scope: Option<&'a str>,
+}
+
+impl KeyView<'_> {
+    /// An owned key with the same parts.
+    pub fn to_key(&self) -> BreakerKey {
+        BreakerKey {
+            provider: Arc::from(self.provider),
+            model: Arc::from(self.model),
+            scope: self.scope.map(Arc::from),
+        }
+    }
+}
+
+/// Hash-map lookups of a [`BreakerKey`] by a [`KeyView`] (the `Borrow`
+/// trick: both hash and compare through their view).
+pub(crate) trait AsKey {
+    fn view(&self) -> KeyView<'_>;
+}
+
+impl AsKey for BreakerKey {
+    fn view(&self) -> KeyView<'_> {
+        BreakerKey::view(self)
+    }
+}
+
+impl AsKey for KeyView<'_> {
+    fn view(&self) -> KeyView<'_> {
+        *self
+    }
+}
+
+impl<'a> Borrow<dyn AsKey + 'a> for BreakerKey {
+    fn borrow(&self) -> &(dyn AsKey + 'a) {
+        self
+    }
+}
+
+impl Hash for dyn AsKey + '_ {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.view().hash(state);
+    }
+}
+
+impl PartialEq for dyn AsKey + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.view() == other.view()
+    }
+}
+
+impl Eq for dyn AsKey + '_ {}
+
+impl Hash for BreakerKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.view().hash(state);
+    }
+}
+
+impl PartialEq for BreakerKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.view() == other.view()
+    }
+}
+
+impl Eq for BreakerKey {}
 
 impl fmt::Display for BreakerKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -88,6 +182,14 @@ impl fmt::Display for BreakerKey {
 pub trait KeyFn<Req> {
     /// The key of `req`.
     fn key(&self, req: &Req, default: &Link) -> BreakerKey;
+
+    /// Calls `f` with the key of `req` as borrowed parts. The default builds
+    /// the owned key; a key function that can borrow its parts from the
+    /// request (as [`LinkKey`] does) overrides it, so the request path
+    /// copies nothing.
+    fn with_key<R>(&self, req: &Req, default: &Link, f: impl FnOnce(KeyView<'_>) -> R) -> R {
+        f(self.key(req, default).view())
+    }
 }
 
 impl<Req, F> KeyFn<Req> for F
@@ -107,6 +209,15 @@ pub struct LinkKey;
 impl<Req: HasExtensions> KeyFn<Req> for LinkKey {
     fn key(&self, req: &Req, default: &Link) -> BreakerKey {
         BreakerKey::from_link(Link::of(req.extensions()).unwrap_or(default))
+    }
+
+    fn with_key<R>(&self, req: &Req, default: &Link, f: impl FnOnce(KeyView<'_>) -> R) -> R {
+        let link = Link::of(req.extensions()).unwrap_or(default);
+        f(KeyView {
+            provider: link.provider(),
+            model: link.model(),
+            scope: None,
+        })
     }
 }
 

@@ -118,7 +118,7 @@ pub use circuit::{Circuit, CircuitSnapshot, CircuitState, Transition, Transition
 pub use config::{BreakerConfig, RatioTrigger};
 pub use future::ResponseFuture;
 pub use handle::BreakerHandle;
-pub use key::{AuthorityKey, BreakerKey, KeyFn, LinkKey};
+pub use key::{AuthorityKey, BreakerKey, KeyFn, KeyView, LinkKey};
 pub use layer::{BreakerLayer, InvalidBreakerConfig, Observer};
 pub use service::Breaker;
 pub use store::{BreakerStore, MemoryStore};

@@ -50,12 +50,12 @@ where
     S: Service<Req>,
     S::Error: Into<BoxError>,
     K: KeyFn<Req>,
-    C: Classify<S::Response, Failure>,
+    C: Classify<S::Response, Failure> + Clone,
     Req: HasExtensions,
 {
     type Response = S::Response;
     type Error = Failure;
-    type Future = ResponseFuture<S::Future, K, C>;
+    type Future = ResponseFuture<S::Future, C>;
 
     /// Passes the inner service's readiness through: an open circuit is
     /// refused in `call`, never by `poll_ready` (the load-shed pattern; the
@@ -69,8 +69,9 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let shared = &self.shared;
-        let key = shared.key_fn.key(&req, &shared.link);
-        let circuit = shared.store.circuit(key);
+        let circuit = shared
+            .key_fn
+            .with_key(&req, &shared.link, |key| shared.store.circuit_for(key));
         let (admission, transition) = circuit.admit(&shared.config);
         if let (Some(observer), Some(t)) = (&shared.observer, &transition) {
             observer(t);
@@ -79,14 +80,17 @@ where
             Err(retry_after) => {
                 let key = circuit.key();
                 let mut failure = Failure::circuit_open(retry_after);
-                failure.set_origin_if_unset(key_part(key.provider()), key_part(key.model()));
+                failure.set_origin_if_unset(key.provider_arc().clone(), key.model_arc().clone());
                 ResponseFuture::refused(failure)
             }
             Ok(admission) => {
                 let guard = Guard {
                     circuit,
                     admission,
-                    shared: self.shared.clone(),
+                    config: shared.config,
+                    failures: shared.failures,
+                    classifier: shared.classifier.clone(),
+                    observer: shared.observer.clone(),
                     start: shared.config.slow_call.map(|_| Instant::now()),
                     log: AttemptLog::of(req.extensions()).cloned(),
                     done: false,
@@ -95,10 +99,4 @@ where
             }
         }
     }
-}
-
-/// The refusal path may allocate: it is the cheap path compared with a
-/// provider call, and it names the circuit in the error.
-fn key_part(s: &str) -> Arc<str> {
-    Arc::from(s)
 }

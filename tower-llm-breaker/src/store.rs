@@ -7,7 +7,8 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
-use crate::{BreakerKey, Circuit};
+use crate::key::AsKey;
+use crate::{BreakerKey, Circuit, KeyView};
 
 /// The registry of circuits, one per [`BreakerKey`].
 ///
@@ -18,6 +19,12 @@ use crate::{BreakerKey, Circuit};
 pub trait BreakerStore: Send + Sync + fmt::Debug + 'static {
     /// The circuit of `key`, created closed if there is none.
     fn circuit(&self, key: BreakerKey) -> Arc<Circuit>;
+    /// The circuit of a borrowed key, created closed if there is none. The
+    /// default copies the key; a store that can look up by borrowed parts
+    /// overrides it.
+    fn circuit_for(&self, key: KeyView<'_>) -> Arc<Circuit> {
+        self.circuit(key.to_key())
+    }
     /// The circuit of `key`, if there is one.
     fn find(&self, key: &BreakerKey) -> Option<Arc<Circuit>>;
     /// Every circuit held.
@@ -64,9 +71,34 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn shard(&self, key: &BreakerKey) -> &Shard {
+    fn shard(&self, key: KeyView<'_>) -> &Shard {
         let i = (self.hasher.hash_one(key) as usize) % SHARDS;
         &self.shards[i]
+    }
+
+    fn get_or_insert(&self, key: KeyView<'_>, owned: impl FnOnce() -> BreakerKey) -> Arc<Circuit> {
+        let shard = self.shard(key);
+        if let Some(c) = shard
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&key as &dyn AsKey)
+        {
+            return c.clone();
+        }
+        if self.len() >= self.max_keys {
+            self.evict_idle();
+            if self.len() >= self.max_keys {
+                return Arc::new(Circuit::new(owned()));
+            }
+        }
+        let mut map = shard.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = map.get(&key as &dyn AsKey) {
+            return c.clone();
+        }
+        let circuit = Arc::new(Circuit::new(owned()));
+        map.insert(circuit.key().clone(), circuit.clone());
+        self.len.fetch_add(1, Ordering::Relaxed);
+        circuit
     }
 
     /// Drops idle circuits nobody is using.
@@ -98,31 +130,16 @@ impl fmt::Debug for MemoryStore {
 
 impl BreakerStore for MemoryStore {
     fn circuit(&self, key: BreakerKey) -> Arc<Circuit> {
-        let shard = self.shard(&key);
-        if let Some(c) = shard
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&key)
-        {
-            return c.clone();
-        }
-        if self.len() >= self.max_keys {
-            self.evict_idle();
-            if self.len() >= self.max_keys {
-                return Arc::new(Circuit::new(key));
-            }
-        }
-        let mut map = shard.write().unwrap_or_else(PoisonError::into_inner);
-        map.entry(key)
-            .or_insert_with_key(|key| {
-                self.len.fetch_add(1, Ordering::Relaxed);
-                Arc::new(Circuit::new(key.clone()))
-            })
-            .clone()
+        let view = key.view();
+        self.get_or_insert(view, || key.clone())
+    }
+
+    fn circuit_for(&self, key: KeyView<'_>) -> Arc<Circuit> {
+        self.get_or_insert(key, || key.to_key())
     }
 
     fn find(&self, key: &BreakerKey) -> Option<Arc<Circuit>> {
-        self.shard(key)
+        self.shard(key.view())
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .get(key)
