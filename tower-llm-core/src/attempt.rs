@@ -51,6 +51,9 @@ pub enum RetryStop {
     /// The backoff or `Retry-After` wait would end at or past the call's
     /// deadline.
     PastDeadline,
+    /// The provider's `Retry-After` is longer than the layer will wait
+    /// (`max_retry_after`).
+    RetryAfterTooLong,
 }
 
 impl RetryStop {
@@ -61,6 +64,7 @@ impl RetryStop {
             RetryStop::AttemptsExhausted => "attempts_exhausted",
             RetryStop::BudgetExhausted => "budget_exhausted",
             RetryStop::PastDeadline => "past_deadline",
+            RetryStop::RetryAfterTooLong => "retry_after_too_long",
         }
     }
 }

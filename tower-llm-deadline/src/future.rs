@@ -3,7 +3,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
-use tower_llm_core::{AttemptLog, Bounded, BoxError, Failure, RecordsAttempts};
+use tower_llm_core::{AttemptLog, Bounded, BoxError, Failure, FailureClass, RecordsAttempts};
 
 pin_project! {
     /// Response future of [`EnforceDeadline`](crate::EnforceDeadline).
@@ -18,12 +18,18 @@ pin_project! {
         call: Bounded<F>,
         // Set when this layer owns the call's attempt log.
         log: Option<AttemptLog>,
+        // Set once it has resolved.
+        finished: bool,
     }
 }
 
 impl<F> ResponseFuture<F> {
     pub(crate) fn new(call: Bounded<F>, log: Option<AttemptLog>) -> Self {
-        ResponseFuture { call, log }
+        ResponseFuture {
+            call,
+            log,
+            finished: false,
+        }
     }
 }
 
@@ -37,6 +43,10 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        if *this.finished {
+            return Poll::Ready(Err(Failure::new(FailureClass::Cancelled)
+                .with_message("deadline future polled after completion")));
+        }
         let mut result = match ready!(this.call.as_mut().poll(cx)) {
             Some(result) => result.map_err(|e| Failure::from_error(e.into())),
             None => {
@@ -45,6 +55,7 @@ where
                 Err(Failure::deadline_exceeded())
             }
         };
+        *this.finished = true;
         if let Some(log) = this.log.take() {
             log.attach(&mut result);
         }

@@ -131,6 +131,7 @@ where
             record: None,
             start,
             classifier: shared.classifier.clone(),
+            finished: false,
         };
         if deadline.is_some_and(|d| d <= start) {
             // Nothing starts after the deadline.
@@ -176,6 +177,8 @@ pin_project! {
         record: Option<(AttemptLog, usize)>,
         start: Instant,
         classifier: C,
+        // Set once it has resolved.
+        finished: bool,
     }
 
     impl<F, C> PinnedDrop for AttemptFuture<F, C> {
@@ -208,7 +211,14 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        if *this.finished {
+            // Polled again after it resolved: never a fresh failure that a
+            // retry policy would act on.
+            return Poll::Ready(Err(Failure::new(FailureClass::Cancelled)
+                .with_message("attempt future polled after completion")));
+        }
         if let Some(early) = this.early.take() {
+            *this.finished = true;
             return Poll::Ready(Err(early));
         }
         let (mut result, expired) = match ready!(this.call.as_mut().poll(cx)) {
@@ -239,6 +249,7 @@ where
                 e.set_origin_if_unset(provider, model);
             }
         }
+        *this.finished = true;
         if expired {
             // After the record says why: the inner call (a circuit breaker,
             // say) may read it as it is dropped.

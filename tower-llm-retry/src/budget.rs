@@ -168,6 +168,11 @@ impl RetryBudget {
         let mut word = slot.load(Ordering::Acquire);
         loop {
             let mut s = Slot::unpack(word);
+            // A writer delayed past a whole window must not wipe a newer slot.
+            let ahead = s.epoch.wrapping_sub(epoch) & EPOCH_MASK;
+            if ahead != 0 && ahead < (1 << 23) {
+                return;
+            }
             if s.epoch != epoch {
                 s = Slot {
                     epoch,

@@ -90,6 +90,14 @@ impl<C: Clone> RetryLayer<C> {
         self.update(|s| s.attempt_timeout = timeout)
     }
 
+    /// The longest `Retry-After` the layer will wait out before a retry
+    /// (default 60 s, as the OpenAI SDK). A longer one returns the failure
+    /// at once (so the fallback layer can move on), whatever the deadline.
+    #[must_use]
+    pub fn with_max_retry_after(self, max: Duration) -> Self {
+        self.update(|s| s.max_retry_after = max)
+    }
+
     /// The backoff schedule (default [`Backoff::seed_default`]).
     #[must_use]
     pub fn with_backoff(self, backoff: Backoff) -> Self {

@@ -53,7 +53,8 @@
 //! - Before retry `n`, the [`Backoff`] schedule: by default 200 ms then
 //!   800 ms, ±20 % uniform jitter, from a lock-free [`SplitMix64`].
 //! - A `Retry-After` / `retry-after-ms` hint wins: the layer waits exactly
-//!   that long instead.
+//!   that long instead, up to `max_retry_after` (default 60 s; a longer one
+//!   returns the failure at once, deadline or not).
 //! - If the wait would end at or past the call's [`Deadline`](tower_llm_core::Deadline),
 //!   it does not wait at all: the last failure is returned at once so the
 //!   fallback layer can move on. Nothing starts after the deadline.
@@ -70,8 +71,10 @@
 //! share of recent first attempts (default 20 %, with a floor of one retry
 //! per second so quiet services still recover from blips). Once spent,
 //! failures are returned without retry and the attempt record says
-//! [`BudgetExhausted`](tower_llm_core::RetryStop::BudgetExhausted); under a
-//! sustained storm upstream attempts stay at or below 1.2 per call.
+//! [`BudgetExhausted`](tower_llm_core::RetryStop::BudgetExhausted). Under a
+//! sustained storm, upstream attempts stay at or below 1.2 per call once
+//! traffic is above the floor's share (with the defaults, 5 calls a second);
+//! below it the floor dominates and a quiet service may retry every call.
 //!
 //! # The attempt log
 //!

@@ -12,6 +12,9 @@ use tower_llm_core::{
 
 use crate::{Backoff, Budget, RandomSource, RetryBudget, SplitMix64};
 
+/// Tokio's timer resolution: sleeps end on a whole millisecond.
+const TIMER_GRANULARITY: Duration = Duration::from_millis(1);
+
 /// The attempt number the next attempt on this link will carry; written
 /// into the retained request by the policy, read by the attempt service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +27,7 @@ pub(crate) struct Shared<C> {
     pub(crate) failures: FailurePolicy,
     pub(crate) max_attempts: u8,
     pub(crate) attempt_timeout: Duration,
+    pub(crate) max_retry_after: Duration,
     pub(crate) backoff: Backoff,
     pub(crate) budget: Arc<dyn Budget + Send + Sync>,
     pub(crate) rng: Arc<dyn RandomSource>,
@@ -36,6 +40,7 @@ impl<C: std::fmt::Debug> std::fmt::Debug for Shared<C> {
             .field("classifier", &self.classifier)
             .field("max_attempts", &self.max_attempts)
             .field("attempt_timeout", &self.attempt_timeout)
+            .field("max_retry_after", &self.max_retry_after)
             .field("backoff", &self.backoff)
             .field("rng", &self.rng)
             .field("link", &self.link)
@@ -50,6 +55,7 @@ impl<C> Shared<C> {
             failures: FailurePolicy::default(),
             max_attempts: 3,
             attempt_timeout: Duration::from_secs(30),
+            max_retry_after: Duration::from_secs(60),
             backoff: Backoff::seed_default(),
             budget: Arc::new(RetryBudget::seed_default()),
             rng: Arc::new(SplitMix64::from_entropy()),
@@ -138,13 +144,19 @@ where
             return self.stop(req, RetryStop::AttemptsExhausted);
         }
         // Retry-After wins over the schedule.
-        let delay = failed.retry_after.unwrap_or_else(|| {
-            shared
+        let delay = match failed.retry_after {
+            Some(wait) if wait > shared.max_retry_after => {
+                return self.stop(req, RetryStop::RetryAfterTooLong);
+            }
+            Some(wait) => wait,
+            None => shared
                 .backoff
-                .delay(u32::from(self.attempts - 1), shared.rng.next_fraction())
-        });
+                .delay(u32::from(self.attempts - 1), shared.rng.next_fraction()),
+        };
         if let Some(deadline) = Deadline::of(req.extensions()) {
-            if delay >= deadline.remaining() {
+            // Timers round up to the next millisecond: a wait must leave at
+            // least that much for the next attempt to start.
+            if delay + TIMER_GRANULARITY >= deadline.remaining() {
                 return self.stop(req, RetryStop::PastDeadline);
             }
         }

@@ -277,6 +277,7 @@ async fn backoff_that_would_pass_the_deadline_is_not_slept() {
     assert_eq!(start.elapsed(), Duration::ZERO);
     assert_eq!(mock.calls().len(), 1);
     assert!(err.is_transient());
+    assert_eq!(err.attempts()[0].retry_stop, Some(RetryStop::PastDeadline));
 }
 
 #[tokio::test(start_paused = true)]
@@ -515,6 +516,62 @@ async fn a_request_that_cannot_be_replayed_is_sent_once() {
         .await
         .expect_err("not retried");
     assert!(err.is_transient());
+    assert_eq!(mock.calls().len(), 1);
+    assert_eq!(err.attempts().len(), 1);
+    assert_eq!(
+        err.attempts()[0].outcome,
+        AttemptOutcome::Failed(FailureClass::Transient)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_longer_than_the_maximum_is_not_waited_out() {
+    let mock = Mock::new(&[
+        Step::Fail(
+            FailureClass::RateLimited,
+            Some(429),
+            Some(Duration::from_secs(3600)),
+        ),
+        Step::Ok,
+    ]);
+    // No deadline anywhere: only max_retry_after (60 s) bounds the wait.
+    let svc = RetryLayer::new().layer(mock.chat());
+    let start = Instant::now();
+    let err = svc.oneshot(req()).await.expect_err("not waited out");
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(mock.calls().len(), 1);
+    assert_eq!(
+        err.attempts()[0].retry_stop,
+        Some(RetryStop::RetryAfterTooLong)
+    );
+
+    let mock = Mock::new(&[
+        Step::Fail(
+            FailureClass::RateLimited,
+            Some(429),
+            Some(Duration::from_secs(90)),
+        ),
+        Step::Ok,
+    ]);
+    let svc = RetryLayer::new()
+        .with_max_retry_after(Duration::from_secs(120))
+        .layer(mock.chat());
+    svc.oneshot(req()).await.expect("waited 90 s");
+    assert_eq!(mock.gaps(), [Duration::from_secs(90)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn polling_a_finished_call_again_sends_nothing_more() {
+    let mock = Mock::new(&[Step::Ok]);
+    let mut svc = RetryLayer::new().layer(mock.chat());
+    std::future::poll_fn(|cx| tower::Service::poll_ready(&mut svc, cx))
+        .await
+        .expect("ready");
+    let mut fut = tokio_test::task::spawn(tower::Service::call(&mut svc, req()));
+    assert!(tokio_test::assert_ready!(fut.poll()).is_ok());
+    let again = tokio_test::assert_ready!(fut.poll());
+    assert!(again.expect_err("no second answer").is_cancelled());
+    tokio::time::advance(Duration::from_secs(5)).await;
     assert_eq!(mock.calls().len(), 1);
 }
 
