@@ -33,6 +33,7 @@ fn answer(req: &ChatRequest, provider: &str) -> ChatResponse {
         id: "mock-1".into(),
         model: req.model.clone(),
         provider: provider.into(),
+        fallback_position: 0,
         choices: vec![Choice {
             index: 0,
             text: "Hello from the mock provider".into(),

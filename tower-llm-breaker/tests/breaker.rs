@@ -89,6 +89,7 @@ fn ok(req: &ChatRequest) -> ChatResponse {
         id: "id".into(),
         model: req.model.clone(),
         provider: "p".into(),
+        fallback_position: 0,
         choices: vec![],
         usage: Usage::default(),
         latency: Duration::ZERO,

@@ -21,6 +21,9 @@ pub enum AttemptOutcome {
     Succeeded,
     /// The attempt failed with this class.
     Failed(FailureClass),
+    /// The link was never called: the request's policy forbids it (for
+    /// example a data-residency rule).
+    SkippedByPolicy,
 }
 
 /// What the layers did after an attempt.
@@ -97,6 +100,8 @@ pub enum AttemptStatus {
     /// Any other final failure (retries exhausted, budget spent, quota,
     /// open circuit with nothing left, invalid response, cancelled).
     Failed,
+    /// The link was skipped: the request's policy forbids it.
+    SkippedByPolicy,
 }
 
 impl AttemptStatus {
@@ -114,6 +119,7 @@ impl AttemptStatus {
             AttemptStatus::TerminalAuth => "terminal_auth",
             AttemptStatus::DeadlineExceededMidCall => "deadline_exceeded_mid_call",
             AttemptStatus::Failed => "failed",
+            AttemptStatus::SkippedByPolicy => "skipped_by_policy",
         }
     }
 }
@@ -194,6 +200,7 @@ impl AttemptRecord {
     pub fn status(&self) -> AttemptStatus {
         let class = match self.outcome {
             AttemptOutcome::Succeeded => return AttemptStatus::Succeeded,
+            AttemptOutcome::SkippedByPolicy => return AttemptStatus::SkippedByPolicy,
             AttemptOutcome::Failed(class) => class,
         };
         match self.next {
@@ -221,7 +228,7 @@ impl AttemptRecord {
     /// class that is never a retry reason.
     pub fn retry_reason(&self) -> Option<RetryReason> {
         match self.outcome {
-            AttemptOutcome::Succeeded => None,
+            AttemptOutcome::Succeeded | AttemptOutcome::SkippedByPolicy => None,
             AttemptOutcome::Failed(FailureClass::RateLimited) => Some(RetryReason::Status429),
             AttemptOutcome::Failed(FailureClass::Timeout) => Some(RetryReason::Timeout),
             AttemptOutcome::Failed(FailureClass::Transient) => Some(match self.http_status {
@@ -436,6 +443,11 @@ pub struct NotReplayable;
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Attempts(pub Vec<AttemptRecord>);
 
+/// Which link served a response, as attached to an [`http::Response`]'s
+/// extensions by the fallback layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedBy(pub Link);
+
 /// A response that can carry the call's attempt records.
 ///
 /// The outermost tower-llm layer attaches the log to the response with this
@@ -448,17 +460,31 @@ pub trait RecordsAttempts {
     fn record_attempts(&mut self, attempts: Vec<AttemptRecord>) {
         let _ = attempts;
     }
+
+    /// Notes which link served the response (the fallback layer calls this;
+    /// the default ignores it).
+    fn record_served_by(&mut self, link: &Link) {
+        let _ = link;
+    }
 }
 
 impl<B> RecordsAttempts for http::Response<B> {
     fn record_attempts(&mut self, attempts: Vec<AttemptRecord>) {
         self.extensions_mut().insert(Attempts(attempts));
     }
+
+    fn record_served_by(&mut self, link: &Link) {
+        self.extensions_mut().insert(ServedBy(link.clone()));
+    }
 }
 
 impl RecordsAttempts for ChatResponse {
     fn record_attempts(&mut self, attempts: Vec<AttemptRecord>) {
         self.attempts = attempts;
+    }
+
+    fn record_served_by(&mut self, link: &Link) {
+        self.fallback_position = link.position();
     }
 }
 

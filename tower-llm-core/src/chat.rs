@@ -283,6 +283,9 @@ pub struct ChatResponse {
     pub model: String,
     /// The provider that served (for example `"anthropic"`).
     pub provider: Arc<str>,
+    /// Position in the fallback chain of the link that served (0 = primary).
+    #[serde(default)]
+    pub fallback_position: u8,
     /// The answers.
     pub choices: Vec<Choice>,
     /// Token counts.
@@ -376,6 +379,7 @@ mod tests {
             id: "x".into(),
             model: "m".into(),
             provider: "openai".into(),
+            fallback_position: 0,
             choices: vec![Choice {
                 index: 0,
                 text: "hi".into(),

@@ -54,6 +54,7 @@ struct Inner {
     message: Option<Cow<'static, str>>,
     source: Option<BoxError>,
     attempts: Vec<AttemptRecord>,
+    all_links_failed: bool,
 }
 
 impl Failure {
@@ -70,6 +71,7 @@ impl Failure {
                 message: None,
                 source: None,
                 attempts: Vec::new(),
+                all_links_failed: false,
             }),
         }
     }
@@ -192,6 +194,20 @@ impl Failure {
             self.inner.provider = Some(provider);
             self.inner.model = Some(model);
         }
+    }
+
+    /// Marks this, the last link's failure, as the end of a fallback chain
+    /// in which every link failed; `retry_after` becomes `earliest` (the
+    /// soonest any link may serve again, when every link said).
+    pub fn mark_all_links_failed(&mut self, earliest: Option<Duration>) {
+        self.inner.all_links_failed = true;
+        self.inner.retry_after = earliest;
+    }
+
+    /// `true` when every link of a fallback chain failed (this is the last
+    /// one's failure); the call metrics' `all_failed` outcome.
+    pub fn is_all_links_failed(&self) -> bool {
+        self.inner.all_links_failed
     }
 
     /// Attaches the per-call attempt log in place.
@@ -356,12 +372,18 @@ impl fmt::Debug for Failure {
         if !self.inner.attempts.is_empty() {
             d.field("attempts", &self.inner.attempts.len());
         }
+        if self.inner.all_links_failed {
+            d.field("all_links_failed", &true);
+        }
         d.finish()
     }
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.inner.all_links_failed {
+            f.write_str("all links failed, the last with: ")?;
+        }
         fmt::Display::fmt(&self.inner.class, f)?;
         if let Some(m) = &self.inner.message {
             write!(f, ": {m}")?;

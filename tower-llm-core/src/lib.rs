@@ -54,7 +54,7 @@ pub mod serde_millis;
 
 pub use attempt::{
     AttemptLog, AttemptOutcome, AttemptRecord, AttemptStatus, Attempts, MAX_ATTEMPTS_PER_CALL,
-    NextStep, NotReplayable, RecordsAttempts, RetryReason, RetryStop,
+    NextStep, NotReplayable, RecordsAttempts, RetryReason, RetryStop, ServedBy,
 };
 pub use bounded::Bounded;
 pub use chat::{

@@ -354,6 +354,7 @@ async fn typed_chat_requests_work_too() {
             id: "1".into(),
             model: req.model.clone(),
             provider: "mock".into(),
+            fallback_position: 0,
             choices: vec![],
             usage: Usage::default(),
             latency: Duration::ZERO,

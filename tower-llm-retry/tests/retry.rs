@@ -130,6 +130,7 @@ fn answer(req: &ChatRequest) -> ChatResponse {
         id: "id".into(),
         model: req.model.clone(),
         provider: "mock".into(),
+        fallback_position: 0,
         choices: vec![],
         usage: Usage::default(),
         latency: Duration::ZERO,
