@@ -6,6 +6,7 @@ use tower::ServiceBuilder;
 use tower::layer::util::Stack;
 use tower_llm_breaker::BreakerLayer;
 use tower_llm_deadline::DeadlineLayer;
+use tower_llm_fallback::FallbackLayer;
 use tower_llm_retry::RetryLayer;
 
 mod sealed {
@@ -53,6 +54,13 @@ pub trait ServiceBuilderExt<L>: sealed::Sealed<L> + Sized {
     /// Adds a [`DeadlineLayer`] giving each call at most `budget`.
     fn llm_deadline(self, budget: Duration) -> ServiceBuilder<Stack<DeadlineLayer, L>>;
 
+    /// Adds a [`FallbackLayer`] (built with `FallbackLayer::builder`). Put it
+    /// inside the deadline layer and outside each link's retry and breaker.
+    fn llm_fallback<Req, Res, C>(
+        self,
+        fallback: FallbackLayer<Req, Res, C>,
+    ) -> ServiceBuilder<Stack<FallbackLayer<Req, Res, C>, L>>;
+
     /// Adds a [`RetryLayer`] (build it with `RetryLayer::new()` for chat
     /// services or `RetryLayer::http()` for raw HTTP). Put it inside the
     /// deadline and fallback layers, outside the breaker.
@@ -70,6 +78,13 @@ pub trait ServiceBuilderExt<L>: sealed::Sealed<L> + Sized {
 impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
     fn llm_deadline(self, budget: Duration) -> ServiceBuilder<Stack<DeadlineLayer, L>> {
         self.layer(DeadlineLayer::new(budget))
+    }
+
+    fn llm_fallback<Req, Res, C>(
+        self,
+        fallback: FallbackLayer<Req, Res, C>,
+    ) -> ServiceBuilder<Stack<FallbackLayer<Req, Res, C>, L>> {
+        self.layer(fallback)
     }
 
     fn llm_retry<C>(self, retry: RetryLayer<C>) -> ServiceBuilder<Stack<RetryLayer<C>, L>> {

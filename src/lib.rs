@@ -15,8 +15,8 @@
 //! ```
 //!
 //! Available today: the shared vocabulary (re-exported at this crate's
-//! root from [`tower_llm_core`]), the [`deadline`], [`retry`] and
-//! [`breaker`] layers. Fallback and the provider services come next.
+//! root from [`tower_llm_core`]), the [`deadline`], [`fallback`], [`retry`]
+//! and [`breaker`] layers. The provider services come next.
 //!
 //! ```
 //! use std::time::Duration;
@@ -47,6 +47,7 @@
 //! | [`tower_llm_deadline`] | [`DeadlineLayer`](deadline::DeadlineLayer) |
 //! | [`tower_llm_retry`] | [`RetryLayer`](retry::RetryLayer): backoff, `Retry-After`, per-attempt timeout, retry budget |
 //! | [`tower_llm_breaker`] | [`BreakerLayer`](breaker::BreakerLayer): per-key circuit breaker with half-open probes |
+//! | [`tower_llm_fallback`] | [`FallbackLayer`](fallback::FallbackLayer): an ordered chain of links within one deadline |
 //!
 //! # Feature flags
 //!
@@ -83,11 +84,20 @@ pub mod breaker {
     };
 }
 
+/// The fallback layer ([`tower_llm_fallback`]).
+pub mod fallback {
+    pub use tower_llm_fallback::{
+        Fallback, FallbackBuilder, FallbackLayer, InvalidChain, LinkService, LinkSpec,
+        ResponseFuture,
+    };
+}
+
 /// The names most programs need: `use tower_llm::prelude::*;`.
 pub mod prelude {
     pub use crate::ServiceBuilderExt;
     pub use crate::breaker::{BreakerConfig, BreakerLayer};
     pub use crate::deadline::DeadlineLayer;
+    pub use crate::fallback::{FallbackLayer, LinkSpec};
     pub use crate::retry::{Backoff, RetryLayer};
     pub use tower_llm_core::{
         ChatRequest, ChatResponse, Deadline, Failure, FailureClass, HasExtensions, Message,

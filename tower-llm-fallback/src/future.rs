@@ -1,0 +1,292 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use pin_project_lite::pin_project;
+use tower::ServiceExt;
+use tower::util::Oneshot;
+use tower_llm_core::{
+    AttemptLog, AttemptOutcome, AttemptRecord, BoxError, Classify, Deadline, Failure, FailureClass,
+    HasExtensions, NextStep, Outcome, RecordsAttempts,
+};
+
+use crate::LinkService;
+use crate::layer::Chain;
+
+/// What the next link must offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    Any,
+    LongContext,
+    Filtered,
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<PF, AF> {
+        Primary { #[pin] fut: PF },
+        Alternate { #[pin] fut: AF },
+        Next,
+        Done,
+    }
+}
+
+pin_project! {
+    /// Response future of [`Fallback`](crate::Fallback): drives the primary,
+    /// then each alternate it fails over to, lazily (`oneshot` on a clone).
+    pub struct ResponseFuture<PF, Req, Res, C> {
+        #[pin]
+        state: State<PF, Oneshot<LinkService<Req, Res>, Req>>,
+        chain: Arc<Chain<Req, Res, C>>,
+        // A clean copy of the request for the alternates.
+        pristine: Option<Req>,
+        // The link running now, or the last one tried.
+        index: usize,
+        need: Need,
+        last: Option<Result<Res, Failure>>,
+        // The soonest a link that refused with a wait may serve again, and
+        // whether every link so far refused that way.
+        earliest: Option<Duration>,
+        all_waiting: bool,
+        // Set when this layer owns the call's attempt log.
+        owned_log: Option<AttemptLog>,
+    }
+}
+
+impl<PF, Req, Res, C> std::fmt::Debug for ResponseFuture<PF, Req, Res, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("index", &self.index)
+            .field("need", &self.need)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
+    pub(crate) fn primary(
+        fut: PF,
+        chain: Arc<Chain<Req, Res, C>>,
+        pristine: Option<Req>,
+        owned_log: Option<AttemptLog>,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Primary { fut },
+            chain,
+            pristine,
+            index: 0,
+            need: Need::Any,
+            last: None,
+            earliest: None,
+            all_waiting: true,
+            owned_log,
+        }
+    }
+
+    /// The primary's admission refused the request: it starts at the next link.
+    pub(crate) fn primary_skipped(
+        chain: Arc<Chain<Req, Res, C>>,
+        req: Req,
+        owned_log: Option<AttemptLog>,
+    ) -> Self {
+        record_skip(&req, &chain.primary.link);
+        ResponseFuture {
+            state: State::Next,
+            chain,
+            pristine: Some(req),
+            index: 0,
+            need: Need::Any,
+            last: None,
+            earliest: None,
+            all_waiting: true,
+            owned_log,
+        }
+    }
+}
+
+fn record_skip<Req: HasExtensions>(req: &Req, link: &tower_llm_core::Link) {
+    if let Some(log) = AttemptLog::of(req.extensions()) {
+        // A full log refuses the record; the chain stops at its next step.
+        let _ = log.push(AttemptRecord::new(
+            link,
+            0,
+            AttemptOutcome::SkippedByPolicy,
+            Duration::ZERO,
+        ));
+    }
+}
+
+impl<PF, Req, Res, C, E> Future for ResponseFuture<PF, Req, Res, C>
+where
+    PF: Future<Output = Result<Res, E>>,
+    E: Into<BoxError>,
+    Req: Clone + HasExtensions,
+    Res: RecordsAttempts,
+    C: Classify<Res, Failure>,
+{
+    type Output = Result<Res, Failure>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let result = match this.state.as_mut().project() {
+                StateProj::Primary { fut } => {
+                    ready!(fut.poll(cx)).map_err(|e| Failure::from_error(e.into()))
+                }
+                StateProj::Alternate { fut } => ready!(fut.poll(cx)),
+                StateProj::Done => {
+                    return Poll::Ready(Err(Failure::new(FailureClass::Cancelled)
+                        .with_message("fallback future polled after completion")));
+                }
+                StateProj::Next => {
+                    let next =
+                        next_link(this.chain, this.pristine.as_ref(), *this.index, *this.need);
+                    let j = match next {
+                        Ok(Some(j)) => j,
+                        Ok(None) => {
+                            this.state.set(State::Done);
+                            let last = this.last.take();
+                            let earliest = this.all_waiting.then_some(*this.earliest).flatten();
+                            return Poll::Ready(finish(this.owned_log, all_failed(last, earliest)));
+                        }
+                        Err(stop) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(finish(this.owned_log, Err(stop)));
+                        }
+                    };
+                    let (spec, service) = &this.chain.alternates[j - 1];
+                    let Some(pristine) = this.pristine.as_ref() else {
+                        unreachable_state(&mut this.state);
+                        continue;
+                    };
+                    if let Some(log) = AttemptLog::of(pristine.extensions()) {
+                        let from = u8::try_from(*this.index).unwrap_or(u8::MAX);
+                        log.update_last(|r| {
+                            if r.fallback_position == from && r.next == NextStep::Returned {
+                                r.next = NextStep::FailedOver;
+                            }
+                        });
+                    }
+                    let mut req = pristine.clone();
+                    spec.prepare(&mut req);
+                    *this.index = j;
+                    this.state.set(State::Alternate {
+                        fut: service.clone().oneshot(req),
+                    });
+                    continue;
+                }
+            };
+            // A link answered.
+            let failed = match this.chain.classifier.classify(&result) {
+                Outcome::Success { .. } => {
+                    this.state.set(State::Done);
+                    let mut result = result;
+                    if let (Ok(res), Some(spec)) = (&mut result, this.chain.spec(*this.index)) {
+                        res.record_served_by(&spec.link);
+                    }
+                    return Poll::Ready(finish(this.owned_log, result));
+                }
+                Outcome::Failure(failed) => failed,
+            };
+            let disposition = this.chain.failures.disposition(&failed);
+            let need = if disposition.failover {
+                Need::Any
+            } else if failed.class == FailureClass::ContextWindowExceeded {
+                Need::LongContext
+            } else if failed.class == FailureClass::ContentFiltered {
+                Need::Filtered
+            } else {
+                this.state.set(State::Done);
+                return Poll::Ready(finish(this.owned_log, result));
+            };
+            match (failed.class, failed.retry_after) {
+                (FailureClass::CircuitOpen | FailureClass::RateLimited, Some(wait)) => {
+                    *this.earliest = Some(this.earliest.map_or(wait, |e| e.min(wait)));
+                }
+                _ => *this.all_waiting = false,
+            }
+            *this.need = need;
+            *this.last = Some(result);
+            this.state.set(State::Next);
+        }
+    }
+}
+
+/// Should never happen (`Next` is only entered with a request to replay);
+/// ends the call cleanly rather than panicking.
+fn unreachable_state<PF, AF>(state: &mut Pin<&mut State<PF, AF>>) {
+    state.set(State::Done);
+}
+
+/// The next link to try after `index`, skipping those the request's policy
+/// forbids (recorded) and those that cannot serve what failed; or why the
+/// chain must stop.
+fn next_link<Req, Res, C>(
+    chain: &Chain<Req, Res, C>,
+    pristine: Option<&Req>,
+    index: usize,
+    need: Need,
+) -> Result<Option<usize>, Failure>
+where
+    Req: HasExtensions,
+{
+    // A request that cannot be replayed goes nowhere else.
+    let Some(req) = pristine else {
+        return Ok(None);
+    };
+    for j in index + 1..chain.len() {
+        let Some(spec) = chain.spec(j) else {
+            break;
+        };
+        let fits = match need {
+            Need::Any => true,
+            Need::LongContext => spec.long_context,
+            Need::Filtered => spec.allows_filtered,
+        };
+        if !fits {
+            continue;
+        }
+        if !spec.admits(req) {
+            record_skip(req, &spec.link);
+            continue;
+        }
+        let ext = req.extensions();
+        if Deadline::of(ext).is_some_and(Deadline::is_expired) {
+            return Err(Failure::deadline_exceeded());
+        }
+        if AttemptLog::of(ext).is_some_and(AttemptLog::is_full) {
+            return Err(Failure::attempts_cap_exceeded());
+        }
+        return Ok(Some(j));
+    }
+    Ok(None)
+}
+
+/// The end of the chain: the last failure, marked as such.
+fn all_failed<Res>(
+    last: Option<Result<Res, Failure>>,
+    earliest: Option<Duration>,
+) -> Result<Res, Failure> {
+    match last {
+        Some(Err(mut failure)) => {
+            failure.mark_all_links_failed(earliest);
+            Err(failure)
+        }
+        // A failing HTTP answer goes back as it is.
+        Some(Ok(res)) => Ok(res),
+        None => Err(Failure::new(FailureClass::BadRequest)
+            .with_message("no link of the fallback chain is allowed for this request")),
+    }
+}
+
+/// Attaches the attempt log this layer owns, if it owns one.
+fn finish<Res: RecordsAttempts>(
+    owned: &mut Option<AttemptLog>,
+    mut result: Result<Res, Failure>,
+) -> Result<Res, Failure> {
+    if let Some(log) = owned.take() {
+        log.attach(&mut result);
+    }
+    result
+}

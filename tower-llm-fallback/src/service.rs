@@ -1,0 +1,98 @@
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tower_llm_core::{
+    AttemptLog, BoxError, Classify, Failure, HasExtensions, NotReplayable, RecordsAttempts,
+};
+use tower_service::Service;
+
+use crate::ResponseFuture;
+use crate::layer::Chain;
+
+/// The service built by [`FallbackLayer`](crate::FallbackLayer): the
+/// primary link's service plus the chain's alternates.
+pub struct Fallback<S, Req, Res, C> {
+    primary: S,
+    chain: Arc<Chain<Req, Res, C>>,
+}
+
+impl<S: Clone, Req, Res, C> Clone for Fallback<S, Req, Res, C> {
+    fn clone(&self) -> Self {
+        Fallback {
+            primary: self.primary.clone(),
+            chain: self.chain.clone(),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug, Req, Res, C> std::fmt::Debug for Fallback<S, Req, Res, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fallback")
+            .field("primary", &self.primary)
+            .field("links", &self.chain.len())
+            .finish()
+    }
+}
+
+impl<S, Req, Res, C> Fallback<S, Req, Res, C> {
+    pub(crate) fn new(primary: S, chain: Arc<Chain<Req, Res, C>>) -> Self {
+        Fallback { primary, chain }
+    }
+
+    /// The primary link's service.
+    pub fn get_ref(&self) -> &S {
+        &self.primary
+    }
+
+    /// The primary link's service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.primary
+    }
+
+    /// Unwraps the primary link's service.
+    pub fn into_inner(self) -> S {
+        self.primary
+    }
+}
+
+impl<S, Req, Res, C> Service<Req> for Fallback<S, Req, Res, C>
+where
+    S: Service<Req, Response = Res>,
+    S::Error: Into<BoxError>,
+    Req: Clone + HasExtensions + 'static,
+    Res: RecordsAttempts + 'static,
+    C: Classify<Res, Failure>,
+{
+    type Response = Res;
+    type Error = Failure;
+    type Future = ResponseFuture<S::Future, Req, Res, C>;
+
+    /// The primary's readiness; alternates are made ready lazily, inside
+    /// the response future, only when the call fails over to them.
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.primary
+            .poll_ready(cx)
+            .map_err(|e| Failure::from_error(e.into()))
+    }
+
+    fn call(&mut self, mut req: Req) -> Self::Future {
+        let chain = self.chain.clone();
+        // Before the copy, so that every link appends to the same log.
+        let owned_log = AttemptLog::install(req.extensions_mut());
+        // Keep a clean copy for the alternates, unless the request cannot
+        // be sent twice.
+        let pristine =
+            if chain.alternates.is_empty() || req.extensions().get::<NotReplayable>().is_some() {
+                None
+            } else {
+                Some(req.clone())
+            };
+        if chain.primary.admits(&req) {
+            chain.primary.prepare(&mut req);
+            ResponseFuture::primary(self.primary.call(req), chain, pristine, owned_log)
+        } else {
+            ResponseFuture::primary_skipped(chain, pristine.unwrap_or(req), owned_log)
+        }
+    }
+}

@@ -1,0 +1,497 @@
+//! The fallback layer composed with deadline, retry and breaker over
+//! scripted providers, under virtual time.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::StatusCode;
+use tokio::time::Instant;
+use tower::util::BoxCloneSyncService;
+use tower::{Layer, ServiceBuilder, ServiceExt, service_fn};
+use tower_llm_breaker::{BreakerKey, BreakerLayer};
+use tower_llm_core::{
+    AttemptOutcome, AttemptStatus, ChatRequest, ChatResponse, Failure, FailureClass, Message,
+    NextStep, NotReplayable, Usage,
+};
+use tower_llm_deadline::DeadlineLayer;
+use tower_llm_fallback::{FallbackLayer, LinkSpec};
+use tower_llm_retry::{FixedFraction, RetryLayer};
+
+type Svc = BoxCloneSyncService<ChatRequest, ChatResponse, Failure>;
+
+/// One scripted answer: after `delay`, succeed or fail with a status.
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    delay: Duration,
+    status: u16,
+    retry_after: Option<u64>,
+}
+
+const fn now(status: u16) -> Step {
+    Step {
+        delay: Duration::ZERO,
+        status,
+        retry_after: None,
+    }
+}
+
+/// A scripted provider: plays its steps in order (the last repeats) and
+/// records when each call started.
+#[derive(Clone)]
+struct Provider {
+    name: &'static str,
+    steps: Arc<Mutex<VecDeque<Step>>>,
+    calls: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl Provider {
+    fn new(name: &'static str, steps: &[Step]) -> Self {
+        Provider {
+            name,
+            steps: Arc::new(Mutex::new(steps.iter().copied().collect())),
+            calls: Arc::default(),
+        }
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.lock().expect("lock").len()
+    }
+
+    fn call_times(&self) -> Vec<Instant> {
+        self.calls.lock().expect("lock").clone()
+    }
+
+    fn service(&self) -> Svc {
+        let p = self.clone();
+        BoxCloneSyncService::new(service_fn(move |req: ChatRequest| {
+            p.calls.lock().expect("lock").push(Instant::now());
+            let step = {
+                let mut steps = p.steps.lock().expect("lock");
+                if steps.len() > 1 {
+                    steps.pop_front().expect("step")
+                } else {
+                    *steps.front().expect("step")
+                }
+            };
+            let name = p.name;
+            async move {
+                tokio::time::sleep(step.delay).await;
+                let status = StatusCode::from_u16(step.status).expect("status");
+                let class = match step.status {
+                    200 => {
+                        return Ok(ChatResponse {
+                            id: "id".into(),
+                            model: req.model.clone(),
+                            provider: name.into(),
+                            fallback_position: 0,
+                            choices: vec![],
+                            usage: Usage::default(),
+                            latency: Duration::ZERO,
+                            attempts: vec![],
+                        });
+                    }
+                    400 => FailureClass::BadRequest,
+                    401 | 403 => FailureClass::Auth,
+                    404 => FailureClass::NotFound,
+                    413 => FailureClass::ContextWindowExceeded,
+                    429 => FailureClass::RateLimited,
+                    _ => FailureClass::Transient,
+                };
+                let mut f = Failure::new(class).with_status(status);
+                if let Some(s) = step.retry_after {
+                    f = f.with_retry_after(Duration::from_secs(s));
+                }
+                Err(f)
+            }
+        }))
+    }
+
+    /// retry (3 attempts, fixed jitter) → breaker → this provider.
+    fn link(&self, breaker: &BreakerLayer) -> Svc {
+        BoxCloneSyncService::new(
+            ServiceBuilder::new()
+                .layer(RetryLayer::new().with_rng(FixedFraction(0.5)))
+                .layer(breaker.clone())
+                .service(self.service()),
+        )
+    }
+}
+
+fn req() -> ChatRequest {
+    ChatRequest::new("alias", vec![Message::user("hi")])
+}
+
+/// deadline → fallback(primary, alternates...) with retry → breaker per link.
+fn chain(deadline: Duration, primary: &Provider, alternates: &[&Provider]) -> (Svc, BreakerLayer) {
+    let breaker = BreakerLayer::new();
+    let mut builder = FallbackLayer::builder(
+        LinkSpec::new(primary.name, format!("{}-model", primary.name)).rewrite_model(),
+    );
+    for p in alternates {
+        builder = builder.or(
+            LinkSpec::new(p.name, format!("{}-model", p.name)).rewrite_model(),
+            p.link(&breaker),
+        );
+    }
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(deadline))
+        .layer(builder.build().expect("valid chain"))
+        .service(primary.link(&breaker));
+    (BoxCloneSyncService::new(svc), breaker)
+}
+
+fn statuses(attempts: &[tower_llm_core::AttemptRecord]) -> Vec<(String, AttemptStatus)> {
+    attempts
+        .iter()
+        .map(|a| (a.provider.to_string(), a.status()))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn seed_ac3_three_503s_fail_over_to_the_next_link() {
+    let bedrock = Provider::new("bedrock", &[now(503)]);
+    let anthropic = Provider::new("anthropic", &[now(200)]);
+    let (svc, _) = chain(Duration::from_secs(30), &bedrock, &[&anthropic]);
+    let start = Instant::now();
+    let res = svc.oneshot(req()).await.expect("served by the fallback");
+    assert_eq!(res.provider.as_ref(), "anthropic");
+    assert_eq!(res.model, "anthropic-model");
+    assert_eq!(res.fallback_position, 1);
+    assert_eq!(bedrock.calls(), 3);
+    assert_eq!(anthropic.calls(), 1);
+    // 200 ms + 800 ms of backoff on the primary, no sleep between links.
+    assert_eq!(
+        anthropic.call_times()[0] - start,
+        Duration::from_millis(1000)
+    );
+    use AttemptStatus::*;
+    let s = |p: &str, st| (p.to_string(), st);
+    assert_eq!(
+        statuses(&res.attempts),
+        [
+            s("bedrock", RetriedAfter5xx),
+            s("bedrock", RetriedAfter5xx),
+            s("bedrock", FailedOver),
+            s("anthropic", Succeeded),
+        ]
+    );
+    assert_eq!(res.attempts[3].fallback_position, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn seed_ac4_5_6_terminal_errors_never_fail_over() {
+    for (status, class) in [
+        (400, FailureClass::BadRequest),
+        (401, FailureClass::Auth),
+        (403, FailureClass::Auth),
+        (404, FailureClass::NotFound),
+    ] {
+        let primary = Provider::new("bedrock", &[now(status)]);
+        let backup = Provider::new("anthropic", &[now(200)]);
+        let (svc, _) = chain(Duration::from_secs(30), &primary, &[&backup]);
+        let err = svc.oneshot(req()).await.expect_err("terminal");
+        assert_eq!(err.class(), class, "status {status}");
+        assert_eq!(err.http_status().map(|s| s.as_u16()), Some(status));
+        assert!(!err.is_all_links_failed());
+        assert_eq!(primary.calls(), 1);
+        assert_eq!(backup.calls(), 0, "status {status} must not fail over");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn seed_ac7_the_whole_chain_spends_one_deadline() {
+    let slow_503 = Step {
+        delay: Duration::from_secs(8),
+        status: 503,
+        retry_after: None,
+    };
+    let providers: Vec<_> = ["bedrock", "anthropic", "openai", "azure"]
+        .into_iter()
+        .map(|n| Provider::new(n, &[slow_503]))
+        .collect();
+    let alternates: Vec<&Provider> = providers[1..].iter().collect();
+    let (svc, _) = chain(Duration::from_secs(30), &providers[0], &alternates);
+    let start = Instant::now();
+    let err = svc.oneshot(req()).await.expect_err("out of time");
+    assert!(start.elapsed() <= Duration::from_secs(31));
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+    let deadline = start + Duration::from_secs(30);
+    for p in &providers {
+        for t in p.call_times() {
+            assert!(
+                t < deadline,
+                "{} started an attempt at {:?}",
+                p.name,
+                t - start
+            );
+        }
+    }
+    // Primary: 3 attempts (0 s, 8.2 s, 17 s); anthropic starts at 25 s and
+    // is cut by the deadline; nothing else starts.
+    assert_eq!(providers[0].calls(), 3);
+    assert_eq!(providers[1].calls(), 1);
+    assert_eq!(providers[2].calls() + providers[3].calls(), 0);
+    let last = err.attempts().last().expect("records").status();
+    assert_eq!(last, AttemptStatus::DeadlineExceededMidCall);
+}
+
+#[tokio::test(start_paused = true)]
+async fn seed_ac12b_a_long_retry_after_fails_over_at_once() {
+    let primary = Provider::new(
+        "bedrock",
+        &[Step {
+            delay: Duration::ZERO,
+            status: 429,
+            retry_after: Some(60),
+        }],
+    );
+    let backup = Provider::new("anthropic", &[now(200)]);
+    let (svc, _) = chain(Duration::from_secs(10), &primary, &[&backup]);
+    let start = Instant::now();
+    let res = svc.oneshot(req()).await.expect("fallback serves");
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(res.provider.as_ref(), "anthropic");
+    assert_eq!(primary.calls(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn seed_ac13_the_attempt_cap_stops_a_long_chain_at_16() {
+    let names = ["p0", "p1", "p2", "p3", "p4", "p5"];
+    let providers: Vec<_> = names
+        .iter()
+        .map(|n| Provider::new(n, &[now(503)]))
+        .collect();
+    let alternates: Vec<&Provider> = providers[1..].iter().collect();
+    let (svc, _) = chain(Duration::from_secs(120), &providers[0], &alternates);
+    let err = svc.oneshot(req()).await.expect_err("capped");
+    let total: usize = providers.iter().map(Provider::calls).sum();
+    assert_eq!(total, 16, "no 17th attempt");
+    assert!(err.to_string().contains("attempts cap exceeded"), "{err}");
+    assert!(err.is_invalid_response());
+    assert_eq!(err.attempts().len(), 16);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_primary_circuit_fails_over_with_no_sleep() {
+    let primary = Provider::new("bedrock", &[now(200)]);
+    let backup = Provider::new("anthropic", &[now(200)]);
+    let (svc, breaker) = chain(Duration::from_secs(30), &primary, &[&backup]);
+    breaker
+        .handle()
+        .isolate(&BreakerKey::new("bedrock", "bedrock-model"));
+    let start = Instant::now();
+    let res = svc.oneshot(req()).await.expect("fallback serves");
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(primary.calls(), 0);
+    assert_eq!(res.provider.as_ref(), "anthropic");
+    assert_eq!(
+        res.attempts[0].outcome,
+        AttemptOutcome::Failed(FailureClass::CircuitOpen)
+    );
+    assert_eq!(res.attempts[0].next, NextStep::FailedOver);
+}
+
+#[derive(Clone)]
+struct Region(&'static str);
+
+#[tokio::test(start_paused = true)]
+async fn a_request_bound_to_the_eu_never_reaches_a_us_link() {
+    let us = Provider::new("us-provider", &[now(200)]);
+    let eu = Provider::new("eu-provider", &[now(200)]);
+    let eu_only = |region: &'static str| {
+        move |req: &ChatRequest| req.extensions.get::<Region>().is_none_or(|r| r.0 == region)
+    };
+    let layer =
+        FallbackLayer::builder(LinkSpec::new("us-provider", "m").with_admission(eu_only("us")))
+            .or(
+                LinkSpec::new("eu-provider", "m").with_admission(eu_only("eu")),
+                eu.service(),
+            )
+            .build()
+            .expect("chain");
+    let svc = layer.layer(us.service());
+
+    let mut r = req();
+    r.extensions.insert(Region("eu"));
+    let res = svc.clone().oneshot(r).await.expect("eu serves");
+    assert_eq!(res.provider.as_ref(), "eu-provider");
+    assert_eq!(us.calls(), 0);
+    assert_eq!(res.attempts.len(), 1);
+    assert_eq!(res.attempts[0].status(), AttemptStatus::SkippedByPolicy);
+    assert_eq!(&*res.attempts[0].provider, "us-provider");
+
+    // A US request uses the primary as usual.
+    let mut r = req();
+    r.extensions.insert(Region("us"));
+    svc.oneshot(r).await.expect("us serves");
+    assert_eq!(us.calls(), 1);
+    assert_eq!(eu.calls(), 1);
+
+    // A forbidden alternate is skipped too, even when the primary fails.
+    let eu_down = Provider::new("eu-provider", &[now(503)]);
+    let us = Provider::new("us-provider", &[now(200)]);
+    let layer =
+        FallbackLayer::builder(LinkSpec::new("eu-provider", "m").with_admission(eu_only("eu")))
+            .or(
+                LinkSpec::new("us-provider", "m").with_admission(eu_only("us")),
+                us.service(),
+            )
+            .build()
+            .expect("chain");
+    let mut r = req();
+    r.extensions.insert(Region("eu"));
+    let err = layer
+        .layer(eu_down.service())
+        .oneshot(r)
+        .await
+        .expect_err("nowhere to go");
+    assert!(err.is_all_links_failed());
+    assert_eq!(us.calls(), 0);
+    let last = err.attempts().last().expect("records");
+    assert_eq!(
+        (&*last.provider, last.status()),
+        ("us-provider", AttemptStatus::SkippedByPolicy)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn seed_ac9_concurrent_calls_with_different_chains_keep_their_own_logs() {
+    let mut tasks = tokio::task::JoinSet::new();
+    let names: Vec<&'static str> = (0..200)
+        .map(|i| &*Box::leak(format!("p{i}").into_boxed_str()))
+        .collect();
+    for i in 0..100 {
+        let (a, b) = (names[2 * i], names[2 * i + 1]);
+        let primary = Provider::new(a, &[now(if i % 2 == 1 { 503 } else { 200 })]);
+        let backup = Provider::new(b, &[now(200)]);
+        let (svc, _) = chain(Duration::from_secs(30), &primary, &[&backup]);
+        tasks.spawn(async move { (i, a, b, svc.oneshot(req()).await) });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let (i, a, b, res) = done.expect("task");
+        let res = res.expect("served");
+        for record in &res.attempts {
+            assert!(&*record.provider == a || &*record.provider == b, "call {i}");
+        }
+        let expected = if i % 2 == 1 { 4 } else { 1 };
+        assert_eq!(res.attempts.len(), expected, "call {i}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_every_link_waits_the_earliest_retry_after_comes_back() {
+    let limited = |s| Step {
+        delay: Duration::ZERO,
+        status: 429,
+        retry_after: Some(s),
+    };
+    let a = Provider::new("a", &[limited(90)]);
+    let b = Provider::new("b", &[limited(75)]);
+    let (svc, _) = chain(Duration::from_secs(30), &a, &[&b]);
+    let err = svc.oneshot(req()).await.expect_err("all wait");
+    assert!(err.is_all_links_failed());
+    assert!(err.is_rate_limited());
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(75)));
+    assert!(err.to_string().starts_with("all links failed"), "{err}");
+
+    // One link that simply broke: no promise of when to come back.
+    let a = Provider::new("a", &[limited(90)]);
+    let b = Provider::new("b", &[now(503)]);
+    let (svc, _) = chain(Duration::from_secs(30), &a, &[&b]);
+    let err = svc.oneshot(req()).await.expect_err("all fail");
+    assert!(err.is_all_links_failed());
+    assert_eq!(err.retry_after(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn context_window_fails_over_only_to_a_long_context_link() {
+    let small = Provider::new("small", &[now(413)]);
+    let other = Provider::new("other", &[now(200)]);
+    let long = Provider::new("long", &[now(200)]);
+    let layer = FallbackLayer::builder(LinkSpec::new("small", "m"))
+        .or(LinkSpec::new("other", "m"), other.service())
+        .or(
+            LinkSpec::new("long", "m").serves_long_context(),
+            long.service(),
+        )
+        .build()
+        .expect("chain");
+    let res = layer
+        .layer(small.service())
+        .oneshot(req())
+        .await
+        .expect("long serves");
+    assert_eq!(res.provider.as_ref(), "long");
+    assert_eq!(other.calls(), 0);
+    assert_eq!(res.fallback_position, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_cannot_be_replayed_stays_on_its_link() {
+    let primary = Provider::new("a", &[now(503)]);
+    let backup = Provider::new("b", &[now(200)]);
+    let layer = FallbackLayer::builder(LinkSpec::new("a", "m"))
+        .or(LinkSpec::new("b", "m"), backup.service())
+        .build()
+        .expect("chain");
+    let mut r = req();
+    r.extensions.insert(NotReplayable);
+    let err = layer
+        .layer(primary.service())
+        .oneshot(r)
+        .await
+        .expect_err("no failover");
+    assert!(err.is_transient());
+    assert_eq!(backup.calls(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn http_503_answers_fail_over_with_the_http_classifier() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let primary = service_fn(|_r: http::Request<()>| async {
+        Ok::<_, Failure>(
+            http::Response::builder()
+                .status(503)
+                .body(())
+                .expect("response"),
+        )
+    });
+    let backup = service_fn(move |_r: http::Request<()>| {
+        c.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, Failure>(http::Response::new(())) }
+    });
+    let layer = FallbackLayer::builder(LinkSpec::new("a", "m"))
+        .or(LinkSpec::new("b", "m"), backup)
+        .with_classifier(tower_llm_core::HttpClassifier)
+        .build()
+        .expect("chain");
+    let res = layer
+        .layer(primary)
+        .oneshot(http::Request::new(()))
+        .await
+        .expect("answer");
+    assert_eq!(res.status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let served = res
+        .extensions()
+        .get::<tower_llm_core::ServedBy>()
+        .expect("served by");
+    assert_eq!(served.0.provider(), "b");
+    assert_eq!(served.0.position(), 1);
+}
+
+#[test]
+fn duplicate_links_are_refused() {
+    let backup = Provider::new("b", &[now(200)]);
+    let err = FallbackLayer::builder(LinkSpec::<ChatRequest>::new("a", "m"))
+        .or(LinkSpec::new("a", "m"), backup.service())
+        .build()
+        .expect_err("duplicate");
+    assert_eq!(
+        err.to_string(),
+        "invalid fallback chain: duplicate link a/m"
+    );
+}
