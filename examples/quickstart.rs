@@ -34,6 +34,7 @@ fn answer(req: &ChatRequest, provider: &str) -> ChatResponse {
         model: req.model.clone(),
         provider: provider.into(),
         fallback_position: 0,
+        degraded: false,
         choices: vec![Choice {
             index: 0,
             text: "Hello from the mock provider".into(),

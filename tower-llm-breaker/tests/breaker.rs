@@ -90,6 +90,7 @@ fn ok(req: &ChatRequest) -> ChatResponse {
         model: req.model.clone(),
         provider: "p".into(),
         fallback_position: 0,
+        degraded: false,
         choices: vec![],
         usage: Usage::default(),
         latency: Duration::ZERO,

@@ -466,7 +466,16 @@ pub trait RecordsAttempts {
     fn record_served_by(&mut self, link: &Link) {
         let _ = link;
     }
+
+    /// Flags a response built by the fallback layer's degraded step
+    /// because no provider served (the default ignores it).
+    fn mark_degraded(&mut self) {}
 }
+
+/// An [`http::Response`] extension flagging a degraded answer (see
+/// [`RecordsAttempts::mark_degraded`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Degraded;
 
 impl<B> RecordsAttempts for http::Response<B> {
     fn record_attempts(&mut self, attempts: Vec<AttemptRecord>) {
@@ -475,6 +484,10 @@ impl<B> RecordsAttempts for http::Response<B> {
 
     fn record_served_by(&mut self, link: &Link) {
         self.extensions_mut().insert(ServedBy(link.clone()));
+    }
+
+    fn mark_degraded(&mut self) {
+        self.extensions_mut().insert(Degraded);
     }
 }
 
@@ -485,6 +498,10 @@ impl RecordsAttempts for ChatResponse {
 
     fn record_served_by(&mut self, link: &Link) {
         self.fallback_position = link.position();
+    }
+
+    fn mark_degraded(&mut self) {
+        self.degraded = true;
     }
 }
 

@@ -286,6 +286,10 @@ pub struct ChatResponse {
     /// Position in the fallback chain of the link that served (0 = primary).
     #[serde(default)]
     pub fallback_position: u8,
+    /// `true` when no provider served and the fallback layer's degraded
+    /// step built this answer.
+    #[serde(default)]
+    pub degraded: bool,
     /// The answers.
     pub choices: Vec<Choice>,
     /// Token counts.
@@ -380,6 +384,7 @@ mod tests {
             model: "m".into(),
             provider: "openai".into(),
             fallback_position: 0,
+            degraded: false,
             choices: vec![Choice {
                 index: 0,
                 text: "hi".into(),

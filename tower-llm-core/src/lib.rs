@@ -53,8 +53,9 @@ mod retry_after;
 pub mod serde_millis;
 
 pub use attempt::{
-    AttemptLog, AttemptOutcome, AttemptRecord, AttemptStatus, Attempts, MAX_ATTEMPTS_PER_CALL,
-    NextStep, NotReplayable, RecordsAttempts, RetryReason, RetryStop, ServedBy,
+    AttemptLog, AttemptOutcome, AttemptRecord, AttemptStatus, Attempts, Degraded,
+    MAX_ATTEMPTS_PER_CALL, NextStep, NotReplayable, RecordsAttempts, RetryReason, RetryStop,
+    ServedBy,
 };
 pub use bounded::Bounded;
 pub use chat::{

@@ -355,6 +355,7 @@ async fn typed_chat_requests_work_too() {
             model: req.model.clone(),
             provider: "mock".into(),
             fallback_position: 0,
+            degraded: false,
             choices: vec![],
             usage: Usage::default(),
             latency: Duration::ZERO,

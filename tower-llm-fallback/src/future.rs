@@ -5,6 +5,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
+use tokio::time::Instant;
 use tower::ServiceExt;
 use tower::util::Oneshot;
 use tower_llm_core::{
@@ -52,6 +53,12 @@ pin_project! {
         all_waiting: bool,
         // Set when this layer owns the call's attempt log.
         owned_log: Option<AttemptLog>,
+        // The alternates in the order to try them, computed at the first
+        // failover, and how far along it the call is.
+        order: Option<Vec<usize>>,
+        cursor: usize,
+        // When the running alternate started (health-aware ordering only).
+        started: Option<Instant>,
     }
 }
 
@@ -81,6 +88,9 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
             earliest: None,
             all_waiting: true,
             owned_log,
+            order: None,
+            cursor: 0,
+            started: None,
         }
     }
 
@@ -101,6 +111,9 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
             earliest: None,
             all_waiting: true,
             owned_log,
+            order: None,
+            cursor: 0,
+            started: None,
         }
     }
 }
@@ -140,15 +153,22 @@ where
                         .with_message("fallback future polled after completion")));
                 }
                 StateProj::Next => {
-                    let next =
-                        next_link(this.chain, this.pristine.as_ref(), *this.index, *this.need);
+                    let order = this.order.get_or_insert_with(|| this.chain.order());
+                    let next = next_link(
+                        this.chain,
+                        this.pristine.as_ref(),
+                        order,
+                        this.cursor,
+                        *this.need,
+                    );
                     let j = match next {
                         Ok(Some(j)) => j,
                         Ok(None) => {
                             this.state.set(State::Done);
                             let last = this.last.take();
                             let earliest = this.all_waiting.then_some(*this.earliest).flatten();
-                            return Poll::Ready(finish(this.owned_log, all_failed(last, earliest)));
+                            let result = all_failed(last, earliest, this.chain.degrade.as_deref());
+                            return Poll::Ready(finish(this.owned_log, result));
                         }
                         Err(stop) => {
                             this.state.set(State::Done);
@@ -171,6 +191,9 @@ where
                     let mut req = pristine.clone();
                     spec.prepare(&mut req);
                     *this.index = j;
+                    if this.chain.health.is_some() {
+                        *this.started = Some(Instant::now());
+                    }
                     this.state.set(State::Alternate {
                         fut: service.clone().oneshot(req),
                     });
@@ -178,7 +201,13 @@ where
                 }
             };
             // A link answered.
-            let failed = match this.chain.classifier.classify(&result) {
+            let outcome = this.chain.classifier.classify(&result);
+            if let (Some(health), Some(started)) = (&this.chain.health, this.started.take()) {
+                if let Some(h) = this.index.checked_sub(1).and_then(|i| health.get(i)) {
+                    h.record(outcome.is_success(), started.elapsed());
+                }
+            }
+            let failed = match outcome {
                 Outcome::Success { .. } => {
                     this.state.set(State::Done);
                     let mut result = result;
@@ -197,6 +226,16 @@ where
             } else if failed.class == FailureClass::ContentFiltered {
                 Need::Filtered
             } else {
+                if failed.class == FailureClass::Auth {
+                    let link = this.chain.spec(*this.index).map(|s| &s.link);
+                    tracing::error!(
+                        severity = "sev-1",
+                        provider = link.map_or("", |l| l.provider()),
+                        model = link.map_or("", |l| l.model()),
+                        status = failed.http_status.map(|s| s.as_u16()),
+                        "provider rejected our credentials (401/403): check the API key or its permissions"
+                    );
+                }
                 this.state.set(State::Done);
                 return Poll::Ready(finish(this.owned_log, result));
             };
@@ -225,7 +264,8 @@ fn unreachable_state<PF, AF>(state: &mut Pin<&mut State<PF, AF>>) {
 fn next_link<Req, Res, C>(
     chain: &Chain<Req, Res, C>,
     pristine: Option<&Req>,
-    index: usize,
+    order: &[usize],
+    cursor: &mut usize,
     need: Need,
 ) -> Result<Option<usize>, Failure>
 where
@@ -235,9 +275,10 @@ where
     let Some(req) = pristine else {
         return Ok(None);
     };
-    for j in index + 1..chain.len() {
+    while let Some(&j) = order.get(*cursor) {
+        *cursor += 1;
         let Some(spec) = chain.spec(j) else {
-            break;
+            continue;
         };
         let fits = match need {
             Need::Any => true,
@@ -263,15 +304,24 @@ where
     Ok(None)
 }
 
-/// The end of the chain: the last failure, marked as such.
-fn all_failed<Res>(
+/// The end of the chain: the last failure, marked as such, or the
+/// degraded answer when the chain has one.
+fn all_failed<Res: RecordsAttempts>(
     last: Option<Result<Res, Failure>>,
     earliest: Option<Duration>,
+    degrade: Option<&(dyn Fn(&Failure) -> Res + Send + Sync)>,
 ) -> Result<Res, Failure> {
     match last {
         Some(Err(mut failure)) => {
             failure.mark_all_links_failed(earliest);
-            Err(failure)
+            match degrade {
+                Some(degrade) => {
+                    let mut res = degrade(&failure);
+                    res.mark_degraded();
+                    Ok(res)
+                }
+                None => Err(failure),
+            }
         }
         // A failing HTTP answer goes back as it is.
         Some(Ok(res)) => Ok(res),

@@ -1,6 +1,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tower::ServiceExt;
 use tower::util::BoxCloneSyncService;
@@ -8,7 +9,11 @@ use tower_layer::Layer;
 use tower_llm_core::{BoxError, ChatClassifier, Failure, FailurePolicy};
 use tower_service::Service;
 
+use crate::health::Health;
 use crate::{Fallback, InvalidChain, LinkService, LinkSpec};
+
+/// Builds a degraded answer when every link failed.
+pub(crate) type Degrade<Res> = Arc<dyn Fn(&Failure) -> Res + Send + Sync>;
 
 /// The chain shared by every service a layer builds.
 pub(crate) struct Chain<Req, Res, C> {
@@ -16,6 +21,9 @@ pub(crate) struct Chain<Req, Res, C> {
     pub(crate) alternates: Vec<(LinkSpec<Req>, LinkService<Req, Res>)>,
     pub(crate) classifier: C,
     pub(crate) failures: FailurePolicy,
+    /// One per alternate, when health-aware ordering is on.
+    pub(crate) health: Option<Vec<Health>>,
+    pub(crate) degrade: Option<Degrade<Res>>,
 }
 
 impl<Req, Res, C> Chain<Req, Res, C> {
@@ -29,6 +37,19 @@ impl<Req, Res, C> Chain<Req, Res, C> {
 
     pub(crate) fn len(&self) -> usize {
         1 + self.alternates.len()
+    }
+
+    /// The alternates' indices (1-based) in the order to try them: as
+    /// configured, or, with health-aware ordering, a stable sort by
+    /// descending health score (a link with no data scores neutral; none
+    /// is dropped). Called only when the call fails over.
+    pub(crate) fn order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (1..self.len()).collect();
+        if let Some(health) = &self.health {
+            let scores: Vec<f64> = health.iter().map(Health::score).collect();
+            order.sort_by(|a, b| scores[*b - 1].total_cmp(&scores[*a - 1]));
+        }
+        order
     }
 }
 
@@ -68,6 +89,8 @@ impl<Req, Res> FallbackLayer<Req, Res, ChatClassifier> {
             alternates: Vec::new(),
             classifier: ChatClassifier,
             failures: FailurePolicy::default(),
+            health_window: None,
+            degrade: None,
         }
     }
 }
@@ -78,6 +101,8 @@ pub struct FallbackBuilder<Req, Res, C> {
     alternates: Vec<(LinkSpec<Req>, LinkService<Req, Res>)>,
     classifier: C,
     failures: FailurePolicy,
+    health_window: Option<Duration>,
+    degrade: Option<Degrade<Res>>,
 }
 
 impl<Req, Res, C: fmt::Debug> fmt::Debug for FallbackBuilder<Req, Res, C> {
@@ -115,7 +140,33 @@ impl<Req, Res, C> FallbackBuilder<Req, Res, C> {
             alternates: self.alternates,
             classifier,
             failures: self.failures,
+            health_window: self.health_window,
+            degrade: self.degrade,
         }
+    }
+
+    /// Opt-in: when failing over, try the alternates healthiest first, by a
+    /// score over the last `window` (success rate weighted 4:1 over
+    /// latency). The sort is stable, a link with no data scores neutral,
+    /// and no link is ever dropped. Off by default: the configured order
+    /// holds.
+    #[must_use]
+    pub fn with_health_ordering(mut self, window: Duration) -> Self {
+        self.health_window = Some(window);
+        self
+    }
+
+    /// Opt-in: when every link failed, answer with `degrade(&last_failure)`
+    /// instead, flagged as degraded (`ChatResponse::degraded`, or a
+    /// [`Degraded`](tower_llm_core::Degraded) extension on an
+    /// `http::Response`). Not used for a deadline or a terminal failure.
+    #[must_use]
+    pub fn with_degraded(
+        mut self,
+        degrade: impl Fn(&Failure) -> Res + Send + Sync + 'static,
+    ) -> Self {
+        self.degrade = Some(Arc::new(degrade));
+        self
     }
 
     /// Which failure classes fail over (default [`FailurePolicy::default`]).
@@ -148,12 +199,20 @@ impl<Req, Res, C> FallbackBuilder<Req, Res, C> {
                 .clone()
                 .with_position(u8::try_from(position).unwrap_or(u8::MAX));
         }
+        let health = self.health_window.map(|window| {
+            self.alternates
+                .iter()
+                .map(|_| Health::new(window))
+                .collect()
+        });
         Ok(FallbackLayer {
             chain: Arc::new(Chain {
                 primary: self.primary,
                 alternates: self.alternates,
                 classifier: self.classifier,
                 failures: self.failures,
+                health,
+                degrade: self.degrade,
             }),
         })
     }

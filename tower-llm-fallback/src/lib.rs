@@ -20,7 +20,7 @@
 //! });
 //! let backup = service_fn(|req: ChatRequest| async move {
 //!     Ok::<_, Failure>(ChatResponse {
-//!         id: "1".into(), model: req.model, provider: "anthropic".into(), fallback_position: 0,
+//!         id: "1".into(), model: req.model, provider: "anthropic".into(), fallback_position: 0, degraded: false,
 //!         choices: vec![], usage: Usage::default(), latency: Duration::ZERO, attempts: vec![],
 //!     })
 //! });
@@ -78,12 +78,25 @@
 //! with the full attempt log, and a `retry_after` (the earliest) when every
 //! link refused with one (open circuits, 429s).
 //!
+//! # Options
+//!
+//! - [`FallbackBuilder::with_health_ordering`] (off by default): when failing
+//!   over, try the alternates healthiest first (success rate weighted 4:1
+//!   over latency, over a rolling window; stable; no data scores neutral;
+//!   no link dropped). The primary stays first.
+//! - [`FallbackBuilder::with_degraded`] (off by default): when every link
+//!   failed, answer with a response the closure builds, flagged degraded.
+//! - An auth failure (401/403) is never failed over and is logged with
+//!   `tracing::error!` and `severity = "sev-1"`: it is a configuration
+//!   error that pages someone.
+//!
 //! # Feature flags
 //!
 //! None.
 
 mod chain;
 mod future;
+mod health;
 mod layer;
 mod service;
 

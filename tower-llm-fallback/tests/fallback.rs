@@ -86,6 +86,7 @@ impl Provider {
                             model: req.model.clone(),
                             provider: name.into(),
                             fallback_position: 0,
+                            degraded: false,
                             choices: vec![],
                             usage: Usage::default(),
                             latency: Duration::ZERO,
@@ -494,4 +495,129 @@ fn duplicate_links_are_refused() {
         err.to_string(),
         "invalid fallback chain: duplicate link a/m"
     );
+}
+
+fn ok_answer(provider: &str) -> ChatResponse {
+    ChatResponse {
+        id: "degraded".into(),
+        model: String::new(),
+        provider: provider.into(),
+        fallback_position: 0,
+        degraded: false,
+        choices: vec![],
+        usage: Usage::default(),
+        latency: Duration::ZERO,
+        attempts: vec![],
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn health_ordering_tries_the_healthiest_alternate_first() {
+    for ordered in [false, true] {
+        let primary = Provider::new("p", &[now(503)]);
+        let sick = Provider::new("sick", &[now(503)]);
+        let well = Provider::new("well", &[now(200)]);
+        let mut builder = FallbackLayer::builder(LinkSpec::new("p", "m"))
+            .or(LinkSpec::new("sick", "m"), sick.service())
+            .or(LinkSpec::new("well", "m"), well.service());
+        if ordered {
+            builder = builder.with_health_ordering(Duration::from_secs(60));
+        }
+        let svc = builder.build().expect("chain").layer(primary.service());
+        for _ in 0..3 {
+            let res = svc.clone().oneshot(req()).await.expect("well serves");
+            assert_eq!(res.provider.as_ref(), "well");
+        }
+        // With no data both alternates score neutral, so the first call
+        // keeps the configured order; after it, "sick" is tried last.
+        let expected = if ordered { 1 } else { 3 };
+        assert_eq!(sick.calls(), expected, "ordered: {ordered}");
+        assert_eq!(well.calls(), 3);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_degraded_step_answers_when_every_link_failed() {
+    let a = Provider::new("a", &[now(503)]);
+    let b = Provider::new("b", &[now(502)]);
+    let layer = FallbackLayer::builder(LinkSpec::new("a", "m"))
+        .or(LinkSpec::new("b", "m"), b.service())
+        .with_degraded(|last: &Failure| {
+            assert!(last.is_all_links_failed());
+            ok_answer("cache")
+        })
+        .build()
+        .expect("chain");
+    let res = layer
+        .layer(a.service())
+        .oneshot(req())
+        .await
+        .expect("degraded answer");
+    assert!(res.degraded);
+    assert_eq!(res.provider.as_ref(), "cache");
+
+    // Terminal failures are not papered over.
+    let a = Provider::new("a", &[now(401)]);
+    let layer = FallbackLayer::builder(LinkSpec::new("a", "m"))
+        .or(LinkSpec::new("b", "m"), b.service())
+        .with_degraded(|_: &Failure| ok_answer("cache"))
+        .build()
+        .expect("chain");
+    let err = layer
+        .layer(a.service())
+        .oneshot(req())
+        .await
+        .expect_err("auth");
+    assert!(err.is_auth());
+}
+
+/// Captures the `severity` field of every event.
+#[derive(Default, Clone)]
+struct Severities(Arc<Mutex<Vec<String>>>);
+
+impl tracing::Subscriber for Severities {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Visit<'a>(&'a Mutex<Vec<String>>, &'a tracing::Level);
+        impl tracing::field::Visit for Visit<'_> {
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                if field.name() == "severity" {
+                    self.0
+                        .lock()
+                        .expect("lock")
+                        .push(format!("{} {value}", self.1));
+                }
+            }
+            fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
+        }
+        event.record(&mut Visit(&self.0, event.metadata().level()));
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[tokio::test(start_paused = true)]
+async fn seed_ac5_an_auth_failure_logs_sev_1() {
+    let seen = Severities::default();
+    let _guard = tracing::subscriber::set_default(seen.clone());
+    let primary = Provider::new("bedrock", &[now(401)]);
+    let backup = Provider::new("anthropic", &[now(200)]);
+    let (svc, _) = chain(Duration::from_secs(30), &primary, &[&backup]);
+    let err = svc.oneshot(req()).await.expect_err("auth");
+    assert!(err.is_auth());
+    assert_eq!(*seen.0.lock().expect("lock"), ["ERROR sev-1"]);
+
+    // Other terminal failures are not paged.
+    seen.0.lock().expect("lock").clear();
+    let primary = Provider::new("bedrock", &[now(400)]);
+    let (svc, _) = chain(Duration::from_secs(30), &primary, &[&backup]);
+    let _ = svc.oneshot(req()).await;
+    assert!(seen.0.lock().expect("lock").is_empty());
 }

@@ -131,6 +131,7 @@ fn answer(req: &ChatRequest) -> ChatResponse {
         model: req.model.clone(),
         provider: "mock".into(),
         fallback_position: 0,
+        degraded: false,
         choices: vec![],
         usage: Usage::default(),
         latency: Duration::ZERO,
