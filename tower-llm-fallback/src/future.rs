@@ -211,8 +211,12 @@ where
                 Outcome::Success { .. } => {
                     this.state.set(State::Done);
                     let mut result = result;
-                    if let (Ok(res), Some(spec)) = (&mut result, this.chain.spec(*this.index)) {
-                        res.record_served_by(&spec.link);
+                    // The primary serving is the common case: it is the
+                    // default, noted at no cost.
+                    if *this.index > 0 {
+                        if let (Ok(res), Some(spec)) = (&mut result, this.chain.spec(*this.index)) {
+                            res.record_served_by(&spec.link);
+                        }
                     }
                     return Poll::Ready(finish(this.owned_log, result));
                 }

@@ -71,8 +71,9 @@
 //! # What comes back
 //!
 //! The served response, with the link noted: `ChatResponse::fallback_position`
-//! (and its own `provider` and `model`), or a
-//! [`ServedBy`](tower_llm_core::ServedBy) extension on an `http::Response`.
+//! (and its own `provider` and `model`), or, when an alternate served, a
+//! [`ServedBy`](tower_llm_core::ServedBy) extension on an `http::Response`
+//! (none means the primary served: the common case costs nothing).
 //! When every link failed: the last failure, marked
 //! [`is_all_links_failed`](tower_llm_core::Failure::is_all_links_failed),
 //! with the full attempt log, and a `retry_after` (the earliest) when every

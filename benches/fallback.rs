@@ -1,0 +1,98 @@
+//! The fallback layer's cost when the primary succeeds (a chain of three
+//! links), side by side with the bare service, plus heap allocations per
+//! call.
+//!
+//! ```text
+//! cargo bench --bench fallback
+//! ```
+
+use std::alloc::System;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+use tower::{Layer, Service, ServiceBuilder, service_fn};
+use tower_llm::Failure;
+use tower_llm::deadline::DeadlineLayer;
+use tower_llm::fallback::{FallbackLayer, LinkSpec};
+
+mod support;
+use support::call;
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+type Bare = tower::util::ServiceFn<
+    fn(http::Request<()>) -> std::future::Ready<Result<http::Response<()>, Failure>>,
+>;
+
+fn bare() -> Bare {
+    service_fn(|_req: http::Request<()>| std::future::ready(Ok(http::Response::new(()))))
+}
+
+fn three_links() -> FallbackLayer<http::Request<()>, http::Response<()>, tower_llm::HttpClassifier>
+{
+    FallbackLayer::builder(LinkSpec::new("openai", "gpt-4o"))
+        .or(LinkSpec::new("anthropic", "claude-sonnet-4-5"), bare())
+        .or(LinkSpec::new("bedrock", "nova-pro"), bare())
+        .with_classifier(tower_llm::HttpClassifier)
+        .build()
+        .expect("valid chain")
+}
+
+/// Heap allocations and bytes per call, over 10,000 calls.
+fn allocations<S>(svc: &mut S) -> (f64, f64)
+where
+    S: Service<http::Request<()>, Response = http::Response<()>>,
+{
+    const N: usize = 10_000;
+    call(svc);
+    let region = Region::new(GLOBAL);
+    for _ in 0..N {
+        call(svc);
+    }
+    let stats = region.change();
+    let allocs = stats.allocations + stats.reallocations;
+    (
+        allocs as f64 / N as f64,
+        stats.bytes_allocated as f64 / N as f64,
+    )
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let _guard = rt.enter();
+    let mut report = Vec::new();
+    let mut group = c.benchmark_group("fallback");
+
+    let mut svc = bare();
+    report.push(("bare", allocations(&mut svc)));
+    group.bench_function("bare", |b| b.iter(|| call(&mut svc)));
+
+    let mut svc = three_links().layer(bare());
+    report.push(("llm_fallback_3_links", allocations(&mut svc)));
+    group.bench_function("llm_fallback_3_links", |b| b.iter(|| call(&mut svc)));
+
+    let mut svc = DeadlineLayer::new(Duration::from_secs(30)).layer(bare());
+    report.push(("llm_deadline", allocations(&mut svc)));
+    group.bench_function("llm_deadline", |b| b.iter(|| call(&mut svc)));
+
+    let mut svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(30)))
+        .layer(three_links())
+        .service(bare());
+    report.push(("llm_deadline+llm_fallback", allocations(&mut svc)));
+    group.bench_function("llm_deadline+llm_fallback", |b| b.iter(|| call(&mut svc)));
+    group.finish();
+
+    println!("\nheap allocations per call (primary succeeds):");
+    for (name, (allocs, bytes)) in report {
+        println!("  {name:<26} {allocs:>5.2} allocations, {bytes:>7.1} bytes");
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
