@@ -134,8 +134,8 @@ pub(crate) enum Verdict {
 pub(crate) enum Admission {
     /// An ordinary call in the closed state of generation `gen`.
     Normal { generation: u64 },
-    /// A half-open probe of generation `gen`.
-    Probe { generation: u64 },
+    /// A half-open probe of generation `gen`, from probe epoch `epoch`.
+    Probe { generation: u64, epoch: u64 },
 }
 
 /// The state machine of one key.
@@ -154,6 +154,8 @@ pub struct Circuit {
     consecutive: AtomicU32,
     /// Nanoseconds after `origin` at which an open circuit may probe.
     open_until: AtomicU64,
+    /// Nanoseconds after `origin` of the latest tripping failure.
+    last_failure: AtomicU64,
     slow: Mutex<Slow>,
 }
 
@@ -163,6 +165,9 @@ struct Slow {
     probes_in_flight: u32,
     probe_successes: u32,
     last_probe_at: Option<Instant>,
+    /// Bumped when outstanding probes are presumed lost: a lost probe that
+    /// comes back late must not free a slot its replacement holds.
+    probe_epoch: u64,
     window: Window,
 }
 
@@ -217,6 +222,7 @@ impl Circuit {
             generation: AtomicU64::new(0),
             consecutive: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
+            last_failure: AtomicU64::new(0),
             slow: Mutex::new(Slow::default()),
         }
     }
@@ -231,11 +237,25 @@ impl Circuit {
         CircuitState::from_u8(self.state.load(Ordering::Acquire))
     }
 
-    /// `true` when forgetting this circuit loses nothing: closed, with no
-    /// failure counted.
-    pub fn is_idle(&self) -> bool {
-        self.state.load(Ordering::Acquire) == CLOSED
-            && self.consecutive.load(Ordering::Relaxed) == 0
+    /// `true` when forgetting this circuit loses nothing that matters:
+    /// closed with no failure counted, or with its last failure at least
+    /// `stale` ago; or open, with its cooldown over for at least `stale`
+    /// (nobody came back to probe it). Half-open and isolated circuits are
+    /// never idle.
+    pub fn is_idle(&self, stale: Duration) -> bool {
+        let now = self.to_nanos(Instant::now());
+        let stale = u64::try_from(stale.as_nanos()).unwrap_or(u64::MAX);
+        match self.state.load(Ordering::Acquire) {
+            CLOSED => {
+                self.consecutive.load(Ordering::Relaxed) == 0
+                    || now.saturating_sub(self.last_failure.load(Ordering::Relaxed)) >= stale
+            }
+            OPEN => {
+                let until = self.open_until.load(Ordering::Acquire);
+                now >= until && now - until >= stale
+            }
+            _ => false,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Slow> {
@@ -316,12 +336,14 @@ impl Circuit {
             .is_some_and(|t| now >= t + cfg.cooldown_after(slow.reopens));
         if lost {
             slow.probes_in_flight = 0;
+            slow.probe_epoch = slow.probe_epoch.wrapping_add(1);
         }
         if slow.probes_in_flight < cfg.half_open_probes.max(1) {
             slow.probes_in_flight += 1;
             slow.last_probe_at = Some(now);
             let generation = self.generation.load(Ordering::Acquire);
-            (Ok(Admission::Probe { generation }), transition)
+            let epoch = slow.probe_epoch;
+            (Ok(Admission::Probe { generation, epoch }), transition)
         } else {
             (Err(None), transition)
         }
@@ -336,7 +358,9 @@ impl Circuit {
     ) -> Option<Transition> {
         match admission {
             Admission::Normal { generation } => self.record_normal(generation, verdict, cfg),
-            Admission::Probe { generation } => self.record_probe(generation, verdict, cfg),
+            Admission::Probe { generation, epoch } => {
+                self.record_probe(generation, epoch, verdict, cfg)
+            }
         }
     }
 
@@ -347,6 +371,20 @@ impl Circuit {
         cfg: &BreakerConfig,
     ) -> Option<Transition> {
         if self.generation.load(Ordering::Acquire) != generation {
+            // A call admitted before a trip: its outcome no longer counts,
+            // but a 429's hold may still lengthen the open state.
+            if let Verdict::Failure { hold: Some(h) } = verdict {
+                if cfg.rate_limit_hold && self.state.load(Ordering::Acquire) == OPEN {
+                    let mut slow = self.lock();
+                    let hold = h.min(cfg.max_rate_limit_hold);
+                    return self.set_open(
+                        &mut slow,
+                        Instant::now(),
+                        hold,
+                        TransitionReason::RateLimited,
+                    );
+                }
+            }
             return None;
         }
         let hold = match verdict {
@@ -365,6 +403,8 @@ impl Circuit {
                 .filter(|_| cfg.rate_limit_hold)
                 .map(|h| h.min(cfg.max_rate_limit_hold)),
         };
+        self.last_failure
+            .store(self.to_nanos(Instant::now()), Ordering::Relaxed);
         let n = self
             .consecutive
             .fetch_add(1, Ordering::AcqRel)
@@ -413,12 +453,14 @@ impl Circuit {
     fn record_probe(
         &self,
         generation: u64,
+        epoch: u64,
         verdict: Verdict,
         cfg: &BreakerConfig,
     ) -> Option<Transition> {
         let mut slow = self.lock();
         if self.generation.load(Ordering::Acquire) != generation
             || self.state.load(Ordering::Acquire) != HALF_OPEN
+            || slow.probe_epoch != epoch
         {
             return None;
         }
@@ -448,10 +490,11 @@ impl Circuit {
     /// A probe ended without an outcome (its future was dropped): frees
     /// its slot, changes nothing else.
     pub(crate) fn release(&self, admission: Admission) {
-        if let Admission::Probe { generation } = admission {
+        if let Admission::Probe { generation, epoch } = admission {
             let mut slow = self.lock();
             if self.generation.load(Ordering::Acquire) == generation
                 && self.state.load(Ordering::Acquire) == HALF_OPEN
+                && slow.probe_epoch == epoch
             {
                 slow.probes_in_flight = slow.probes_in_flight.saturating_sub(1);
             }
@@ -467,8 +510,10 @@ impl Circuit {
         }
         slow.probes_in_flight = 0;
         slow.probe_successes = 0;
-        self.generation.fetch_add(1, Ordering::AcqRel);
+        // State first: a reader that sees the new generation sees the new
+        // state too.
         self.state.store(ISOLATED, Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
         Some(self.transition(
             from,
             CircuitState::Isolated,
@@ -553,8 +598,10 @@ impl Circuit {
         self.consecutive.store(0, Ordering::Relaxed);
         self.open_until
             .store(self.to_nanos(until), Ordering::Release);
-        self.generation.fetch_add(1, Ordering::AcqRel);
+        // State first: a reader that sees the new generation sees the new
+        // state too.
         self.state.store(OPEN, Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
         Some(self.transition(from, CircuitState::Open, now, reason, Some(open_for)))
     }
 
@@ -562,8 +609,10 @@ impl Circuit {
         slow.probes_in_flight = 0;
         slow.probe_successes = 0;
         slow.last_probe_at = None;
-        self.generation.fetch_add(1, Ordering::AcqRel);
+        // State first: a reader that sees the new generation sees the new
+        // state too.
         self.state.store(HALF_OPEN, Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
         self.transition(
             CircuitState::Open,
             CircuitState::HalfOpen,
@@ -577,8 +626,10 @@ impl Circuit {
         let from = self.state();
         *slow = Slow::default();
         self.consecutive.store(0, Ordering::Relaxed);
-        self.generation.fetch_add(1, Ordering::AcqRel);
+        // State first: a reader that sees the new generation sees the new
+        // state too.
         self.state.store(CLOSED, Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
         self.transition(from, CircuitState::Closed, now, reason, None)
     }
 }

@@ -26,7 +26,9 @@ pub(crate) struct Guard<C> {
     pub(crate) classifier: C,
     pub(crate) observer: Option<Observer>,
     pub(crate) start: Option<Instant>,
-    pub(crate) log: Option<AttemptLog>,
+    /// The call's attempt log and the record of the attempt this call
+    /// belongs to (when a retry layer outside made one).
+    pub(crate) attempt: Option<(AttemptLog, usize)>,
     pub(crate) done: bool,
 }
 
@@ -87,8 +89,8 @@ impl<C> Drop for Guard<C> {
         // The call was dropped before it ended. If the retry layer's
         // attempt timeout did it, the attempt record already says so, and
         // a hung provider must count against its circuit.
-        let timed_out = self.log.as_ref().is_some_and(|log| {
-            log.last_outcome() == Some(AttemptOutcome::Failed(FailureClass::Timeout))
+        let timed_out = self.attempt.as_ref().is_some_and(|(log, index)| {
+            log.outcome_at(*index) == Some(AttemptOutcome::Failed(FailureClass::Timeout))
         });
         if timed_out {
             let transition = self.circuit.record(

@@ -31,9 +31,16 @@ impl BreakerHandle {
     }
 
     /// Opens `key` by hand (isolates it) until [`close`](Self::close).
-    pub fn isolate(&self, key: &BreakerKey) {
-        let t = self.store.circuit(key.clone()).isolate();
+    /// Returns `false` if the store is full of busy circuits and could not
+    /// keep this one (nothing was isolated).
+    pub fn isolate(&self, key: &BreakerKey) -> bool {
+        let circuit = self.store.circuit(key.clone());
+        if self.store.find(key).is_none() {
+            return false;
+        }
+        let t = circuit.isolate();
         self.notify(t);
+        true
     }
 
     /// Ends `key`'s cooldown now, if it is open: the next call is a

@@ -221,9 +221,10 @@ impl<Req: HasExtensions> KeyFn<Req> for LinkKey {
     }
 }
 
-/// For raw HTTP: the link's provider, scoped by the request URI's authority
-/// (`host:port`), one circuit per endpoint as per-authority breakers do
-/// elsewhere. Allocates the scope string on every call.
+/// For raw HTTP: the link's provider, scoped by the request URI's host and
+/// port (never its `user:password@` part), one circuit per endpoint as
+/// per-authority breakers do elsewhere. Allocates the scope string on
+/// every call.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AuthorityKey;
 
@@ -231,7 +232,10 @@ impl<B> KeyFn<http::Request<B>> for AuthorityKey {
     fn key(&self, req: &http::Request<B>, default: &Link) -> BreakerKey {
         let key = BreakerKey::from_link(Link::of(req.extensions()).unwrap_or(default));
         match req.uri().authority() {
-            Some(a) => key.with_scope(a.as_str()),
+            Some(a) => match a.port_u16() {
+                Some(port) => key.with_scope(format!("{}:{port}", a.host())),
+                None => key.with_scope(a.host()),
+            },
             None => key,
         }
     }

@@ -92,7 +92,8 @@ where
                     classifier: shared.classifier.clone(),
                     observer: shared.observer.clone(),
                     start: shared.config.slow_call.map(|_| Instant::now()),
-                    log: AttemptLog::of(req.extensions()).cloned(),
+                    attempt: AttemptLog::of(req.extensions())
+                        .and_then(|log| log.in_flight().map(|i| (log.clone(), i))),
                     done: false,
                 };
                 ResponseFuture::running(self.inner.call(req), guard)

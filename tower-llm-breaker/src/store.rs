@@ -4,8 +4,11 @@ use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
 use std::sync::{Arc, PoisonError, RwLock};
+use tokio::time::Instant;
 
 use crate::key::AsKey;
 use crate::{BreakerKey, Circuit, KeyView};
@@ -38,16 +41,21 @@ type Shard = RwLock<HashMap<BreakerKey, Arc<Circuit>>>;
 /// The default, in-process store: sixteen independently locked shards
 /// (no global lock), bounded to `max_keys` circuits.
 ///
-/// When full, idle circuits (closed, no failure counted, no call in
-/// flight) are evicted: forgetting them loses nothing, since a new circuit
-/// for the same key starts the same way. If every circuit is busy, a new
-/// key gets a circuit that is not stored (it behaves as closed), so
-/// unbounded key cardinality can never exhaust memory.
+/// When full, idle circuits with no call in flight are evicted: closed
+/// ones with no failure counted or none for `stale_after` (default 10
+/// min), and open ones nobody has come back to probe for that long. A
+/// sweep runs at most once a second. If nothing can go, a new key gets a
+/// circuit that is not stored (it behaves as closed), so unbounded key
+/// cardinality can never exhaust memory.
 pub struct MemoryStore {
     shards: Box<[Shard]>,
     hasher: RandomState,
     len: AtomicUsize,
     max_keys: usize,
+    stale_after: Duration,
+    /// When the last eviction sweep ran (milliseconds after `origin`).
+    last_sweep: AtomicU64,
+    origin: Instant,
 }
 
 impl MemoryStore {
@@ -58,7 +66,18 @@ impl MemoryStore {
             hasher: RandomState::new(),
             len: AtomicUsize::new(0),
             max_keys: max_keys.max(1),
+            stale_after: Duration::from_secs(600),
+            last_sweep: AtomicU64::new(0),
+            origin: Instant::now(),
         }
+    }
+
+    /// How long a failure (or an ended cooldown) must lie in the past before
+    /// its circuit may be evicted (default 10 minutes).
+    #[must_use]
+    pub fn with_stale_after(mut self, stale_after: Duration) -> Self {
+        self.stale_after = stale_after;
+        self
     }
 
     /// Circuits held now.
@@ -101,12 +120,24 @@ impl MemoryStore {
         circuit
     }
 
-    /// Drops idle circuits nobody is using.
+    /// Drops idle circuits nobody is using, at most once a second.
     fn evict_idle(&self) {
+        let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.last_sweep.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < 1000 {
+            return;
+        }
+        if self
+            .last_sweep
+            .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
         for shard in self.shards.iter() {
             let mut map = shard.write().unwrap_or_else(PoisonError::into_inner);
             let before = map.len();
-            map.retain(|_, c| !(c.is_idle() && Arc::strong_count(c) == 1));
+            map.retain(|_, c| !(c.is_idle(self.stale_after) && Arc::strong_count(c) == 1));
             self.len.fetch_sub(before - map.len(), Ordering::Relaxed);
         }
     }
@@ -124,6 +155,7 @@ impl fmt::Debug for MemoryStore {
         f.debug_struct("MemoryStore")
             .field("len", &self.len())
             .field("max_keys", &self.max_keys)
+            .field("stale_after", &self.stale_after)
             .finish()
     }
 }

@@ -24,6 +24,7 @@ enum Answer {
     Status(u16),
     RateLimited(u64),
     HangThen(u64, bool),
+    LateRateLimited(u64, u64),
 }
 
 /// A provider whose next answer the test sets; counts calls.
@@ -70,6 +71,12 @@ impl Provider {
                     Answer::RateLimited(secs) => Err(Failure::new(FailureClass::RateLimited)
                         .with_status(status(429))
                         .with_retry_after(Duration::from_secs(secs))),
+                    Answer::LateRateLimited(ms, secs) => {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        Err(Failure::new(FailureClass::RateLimited)
+                            .with_status(status(429))
+                            .with_retry_after(Duration::from_secs(secs)))
+                    }
                     Answer::HangThen(ms, succeed) => {
                         tokio::time::sleep(Duration::from_millis(ms)).await;
                         if succeed {
@@ -242,6 +249,89 @@ async fn a_probe_that_never_answers_is_presumed_lost_after_a_cooldown() {
     provider.set(Answer::Ok);
     svc.clone().oneshot(req()).await.expect("a fresh probe");
     assert_eq!(state(&handle, &key()), CircuitState::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_probe_coming_back_late_does_not_free_its_replacements_slot() {
+    let provider = Provider::new(Answer::Status(503));
+    let (layer, handle) = breaker(BreakerConfig::default());
+    let svc: Svc = BoxCloneService::new(layer.layer(provider.service()));
+    open_it(&svc, &provider, &handle).await;
+
+    tokio::time::advance(Duration::from_secs(30)).await;
+    provider.set(Answer::HangThen(3_600_000, true));
+    let lost = tokio::spawn(svc.clone().oneshot(req()));
+    tokio::task::yield_now().await;
+    tokio::time::advance(Duration::from_secs(30)).await;
+    let replacement = tokio::spawn(svc.clone().oneshot(req()));
+    tokio::task::yield_now().await;
+    let before = provider.calls();
+    // The lost probe finally goes away...
+    lost.abort();
+    let _ = lost.await;
+    // ...but the replacement still holds the only slot.
+    let err = svc.clone().oneshot(req()).await.expect_err("slot taken");
+    assert!(err.is_circuit_open());
+    assert_eq!(provider.calls(), before);
+    assert_eq!(handle.get(&key()).expect("circuit").probes_in_flight, 1);
+    replacement.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_late_rate_limit_hold_extends_an_open_circuit() {
+    let provider = Provider::new(Answer::LateRateLimited(1_000, 120));
+    let (layer, handle) = breaker(BreakerConfig {
+        consecutive_failures: 1,
+        ..BreakerConfig::default()
+    });
+    let svc: Svc = BoxCloneService::new(layer.layer(provider.service()));
+    // Admitted while closed; its 429 (hold 120 s) arrives at 1 s.
+    let late = tokio::spawn(svc.clone().oneshot(req()));
+    tokio::task::yield_now().await;
+    // Meanwhile a 503 trips the circuit for the 30 s cooldown.
+    provider.set(Answer::Status(503));
+    let _ = svc.clone().oneshot(req()).await;
+    assert_eq!(
+        handle.get(&key()).expect("circuit").retry_after,
+        Some(Duration::from_secs(30))
+    );
+    assert!(
+        late.await
+            .expect("task")
+            .expect_err("429")
+            .is_rate_limited()
+    );
+    // The late hold extends the open circuit to 1 s + 120 s.
+    let snap = handle.get(&key()).expect("circuit");
+    assert_eq!(snap.state, CircuitState::Open);
+    assert_eq!(snap.retry_after, Some(Duration::from_secs(120)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn circuits_whose_failures_went_stale_are_evicted_when_full() {
+    use tower_llm_breaker::MemoryStore;
+    let provider = Provider::new(Answer::Status(503));
+    let store = Arc::new(MemoryStore::new(2).with_stale_after(Duration::from_secs(10)));
+    let layer = BreakerLayer::new()
+        .with_key_fn(|req: &ChatRequest, link: &Link| {
+            BreakerKey::from_link(Link::of(&req.extensions).unwrap_or(link))
+        })
+        .with_store(store.clone());
+    let handle = layer.handle();
+    let svc = layer.layer(provider.service());
+    for tenant in ["t1", "t2"] {
+        let _ = svc.clone().oneshot(req_for(tenant)).await;
+    }
+    assert_eq!(store.len(), 2);
+    tokio::time::advance(Duration::from_secs(11)).await;
+    for _ in 0..5 {
+        let _ = svc.clone().oneshot(req_for("t3")).await;
+    }
+    assert_eq!(
+        state(&handle, &BreakerKey::new("t3", "m")),
+        CircuitState::Open
+    );
+    assert!(store.len() <= 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -570,6 +660,41 @@ async fn the_deadline_and_cancellation_do_not_count() {
         let err = svc.clone().oneshot(req()).await.expect_err("deadline");
         assert!(err.is_deadline_exceeded(), "{err:?}");
     }
+    assert_eq!(state(&handle, &key()), CircuitState::Closed);
+
+    // A caller that goes away mid-attempt does not count either.
+    for _ in 0..3 {
+        let call = tokio::spawn(svc.clone().oneshot(req()));
+        tokio::time::advance(Duration::from_millis(500)).await;
+        call.abort();
+        assert!(call.await.expect_err("aborted").is_cancelled());
+    }
+    assert_eq!(state(&handle, &key()), CircuitState::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_this_calls_own_attempt_record_can_charge_a_timeout() {
+    // An earlier attempt of the call (another link) timed out; this
+    // breaker sits with no retry layer of its own, and its call is cancelled.
+    let provider = Provider::new(Answer::HangThen(60_000, true));
+    let (layer, handle) = breaker(BreakerConfig {
+        consecutive_failures: 1,
+        ..BreakerConfig::default()
+    });
+    let svc = layer.layer(provider.service());
+    let mut r = req();
+    let log = tower_llm_core::AttemptLog::install(&mut r.extensions).expect("owner");
+    log.push(tower_llm_core::AttemptRecord::new(
+        &Link::new("other", "m"),
+        1,
+        tower_llm_core::AttemptOutcome::Failed(FailureClass::Timeout),
+        Duration::from_secs(1),
+    ))
+    .expect("room");
+    let call = tokio::spawn(svc.oneshot(r));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    call.abort();
+    let _ = call.await;
     assert_eq!(state(&handle, &key()), CircuitState::Closed);
 }
 

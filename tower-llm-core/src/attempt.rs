@@ -24,6 +24,10 @@ pub enum AttemptOutcome {
     /// The link was never called: the request's policy forbids it (for
     /// example a data-residency rule).
     SkippedByPolicy,
+    /// The attempt has started and not ended yet (never seen once the call
+    /// is over: an attempt dropped early is marked cancelled or deadline
+    /// exceeded).
+    InFlight,
 }
 
 /// What the layers did after an attempt.
@@ -201,6 +205,7 @@ impl AttemptRecord {
         let class = match self.outcome {
             AttemptOutcome::Succeeded => return AttemptStatus::Succeeded,
             AttemptOutcome::SkippedByPolicy => return AttemptStatus::SkippedByPolicy,
+            AttemptOutcome::InFlight => return AttemptStatus::Failed,
             AttemptOutcome::Failed(class) => class,
         };
         match self.next {
@@ -228,7 +233,9 @@ impl AttemptRecord {
     /// class that is never a retry reason.
     pub fn retry_reason(&self) -> Option<RetryReason> {
         match self.outcome {
-            AttemptOutcome::Succeeded | AttemptOutcome::SkippedByPolicy => None,
+            AttemptOutcome::Succeeded
+            | AttemptOutcome::SkippedByPolicy
+            | AttemptOutcome::InFlight => None,
             AttemptOutcome::Failed(FailureClass::RateLimited) => Some(RetryReason::Status429),
             AttemptOutcome::Failed(FailureClass::Timeout) => Some(RetryReason::Timeout),
             AttemptOutcome::Failed(FailureClass::Transient) => Some(match self.http_status {
@@ -383,11 +390,20 @@ impl AttemptLog {
         self.update_last(|r| r.next = next)
     }
 
-    /// The outcome of the latest record, if any (read by a circuit
-    /// breaker whose call was dropped, to tell an attempt timeout from a
-    /// cancellation).
-    pub fn last_outcome(&self) -> Option<AttemptOutcome> {
-        self.lock().last().map(|r| r.outcome)
+    /// The index of the latest record if its attempt is still in flight:
+    /// a layer inside the attempt (a circuit breaker) notes it at call
+    /// time to read the attempt's outcome later with [`outcome_at`](Self::outcome_at).
+    pub fn in_flight(&self) -> Option<usize> {
+        let records = self.lock();
+        match records.last() {
+            Some(r) if r.outcome == AttemptOutcome::InFlight => Some(records.len() - 1),
+            _ => None,
+        }
+    }
+
+    /// The outcome of record `index`, if there is one.
+    pub fn outcome_at(&self, index: usize) -> Option<AttemptOutcome> {
+        self.lock().get(index).map(|r| r.outcome)
     }
 
     /// Number of records so far.

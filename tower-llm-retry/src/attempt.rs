@@ -141,13 +141,7 @@ where
         if let Some(log) = AttemptLog::of(ext) {
             let link = Link::of(ext).unwrap_or(&shared.link);
             let number = ext.get::<AttemptNo>().map_or(1, |n| n.0);
-            // Until it ends, the attempt stands as cancelled.
-            let record = AttemptRecord::new(
-                link,
-                number,
-                AttemptOutcome::Failed(FailureClass::Cancelled),
-                Duration::ZERO,
-            );
+            let record = AttemptRecord::new(link, number, AttemptOutcome::InFlight, Duration::ZERO);
             match log.begin(record) {
                 Ok(index) => fut.record = Some((log.clone(), index)),
                 Err(cap) => {
