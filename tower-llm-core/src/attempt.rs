@@ -401,6 +401,14 @@ impl AttemptLog {
         }
     }
 
+    /// The index of the latest record made by the link at fallback
+    /// `position` (skip records excluded).
+    pub fn last_index_for(&self, position: u8) -> Option<usize> {
+        self.lock().iter().rposition(|r| {
+            r.fallback_position == position && r.outcome != AttemptOutcome::SkippedByPolicy
+        })
+    }
+
     /// The outcome of record `index`, if there is one.
     pub fn outcome_at(&self, index: usize) -> Option<AttemptOutcome> {
         self.lock().get(index).map(|r| r.outcome)

@@ -9,8 +9,8 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 use tower::util::Oneshot;
 use tower_llm_core::{
-    AttemptLog, AttemptOutcome, AttemptRecord, BoxError, Classify, Deadline, Failure, FailureClass,
-    HasExtensions, NextStep, Outcome, RecordsAttempts,
+    AttemptLog, AttemptOutcome, AttemptRecord, BoxError, Classified, Classify, Deadline, Failure,
+    FailureClass, HasExtensions, NextStep, Outcome, RecordsAttempts,
 };
 
 use crate::LinkService;
@@ -59,6 +59,12 @@ pin_project! {
         cursor: usize,
         // When the running alternate started (health-aware ordering only).
         started: Option<Instant>,
+        // `false` for a request that may be sent only once: the copy is
+        // handed to the first alternate rather than cloned.
+        replayable: bool,
+        // How the last failure was classified (for the degraded step when
+        // it came as an HTTP answer).
+        last_class: Option<Classified>,
     }
 }
 
@@ -91,16 +97,30 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
             order: None,
             cursor: 0,
             started: None,
+            replayable: true,
+            last_class: None,
         }
     }
 
-    /// The primary's admission refused the request: it starts at the next link.
+    /// The primary's admission refused the request: it starts at the next
+    /// link. A request that may be sent only once goes to that link alone.
     pub(crate) fn primary_skipped(
+        chain: Arc<Chain<Req, Res, C>>,
+        req: Req,
+        replayable: bool,
+        owned_log: Option<AttemptLog>,
+    ) -> Self {
+        record_skip(&req, &chain.primary.link);
+        let mut fut = Self::skipped_at_primary(chain, req, owned_log);
+        fut.replayable = replayable;
+        fut
+    }
+
+    fn skipped_at_primary(
         chain: Arc<Chain<Req, Res, C>>,
         req: Req,
         owned_log: Option<AttemptLog>,
     ) -> Self {
-        record_skip(&req, &chain.primary.link);
         ResponseFuture {
             state: State::Next,
             chain,
@@ -114,6 +134,8 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
             order: None,
             cursor: 0,
             started: None,
+            replayable: true,
+            last_class: None,
         }
     }
 }
@@ -153,6 +175,13 @@ where
                         .with_message("fallback future polled after completion")));
                 }
                 StateProj::Next => {
+                    // The record of the link being left, found before any
+                    // skip records are added after it.
+                    let leaving = this.pristine.as_ref().and_then(|p| {
+                        let log = AttemptLog::of(p.extensions())?;
+                        let from = u8::try_from(*this.index).ok()?;
+                        log.last_index_for(from).map(|i| (log.clone(), i))
+                    });
                     let order = this.order.get_or_insert_with(|| this.chain.order());
                     let next = next_link(
                         this.chain,
@@ -166,8 +195,19 @@ where
                         Ok(None) => {
                             this.state.set(State::Done);
                             let last = this.last.take();
+                            if *this.need != Need::Any {
+                                // No link can serve what failed (a context
+                                // window, a content filter): terminal, as is.
+                                let result = last.unwrap_or_else(|| Err(no_link_allowed()));
+                                return Poll::Ready(finish(this.owned_log, result));
+                            }
                             let earliest = this.all_waiting.then_some(*this.earliest).flatten();
-                            let result = all_failed(last, earliest, this.chain.degrade.as_deref());
+                            let result = all_failed(
+                                last,
+                                this.last_class.take(),
+                                earliest,
+                                this.chain.degrade.as_deref(),
+                            );
                             return Poll::Ready(finish(this.owned_log, result));
                         }
                         Err(stop) => {
@@ -176,19 +216,22 @@ where
                         }
                     };
                     let (spec, service) = &this.chain.alternates[j - 1];
-                    let Some(pristine) = this.pristine.as_ref() else {
+                    let req = if *this.replayable {
+                        this.pristine.clone()
+                    } else {
+                        this.pristine.take()
+                    };
+                    let Some(mut req) = req else {
                         unreachable_state(&mut this.state);
                         continue;
                     };
-                    if let Some(log) = AttemptLog::of(pristine.extensions()) {
-                        let from = u8::try_from(*this.index).unwrap_or(u8::MAX);
-                        log.update_last(|r| {
-                            if r.fallback_position == from && r.next == NextStep::Returned {
+                    if let Some((log, i)) = leaving {
+                        log.finish(i, |r| {
+                            if r.next == NextStep::Returned {
                                 r.next = NextStep::FailedOver;
                             }
                         });
                     }
-                    let mut req = pristine.clone();
                     spec.prepare(&mut req);
                     *this.index = j;
                     if this.chain.health.is_some() {
@@ -251,6 +294,7 @@ where
             }
             *this.need = need;
             *this.last = Some(result);
+            *this.last_class = Some(failed);
             this.state.set(State::Next);
         }
     }
@@ -312,26 +356,36 @@ where
 /// degraded answer when the chain has one.
 fn all_failed<Res: RecordsAttempts>(
     last: Option<Result<Res, Failure>>,
+    last_class: Option<Classified>,
     earliest: Option<Duration>,
     degrade: Option<&(dyn Fn(&Failure) -> Res + Send + Sync)>,
 ) -> Result<Res, Failure> {
-    match last {
-        Some(Err(mut failure)) => {
-            failure.mark_all_links_failed(earliest);
-            match degrade {
-                Some(degrade) => {
-                    let mut res = degrade(&failure);
-                    res.mark_degraded();
-                    Ok(res)
-                }
-                None => Err(failure),
+    let degraded = |mut failure: Failure| {
+        failure.mark_all_links_failed(earliest);
+        match degrade {
+            Some(degrade) => {
+                let mut res = degrade(&failure);
+                res.mark_degraded();
+                Ok(res)
             }
+            None => Err(failure),
         }
-        // A failing HTTP answer goes back as it is.
-        Some(Ok(res)) => Ok(res),
-        None => Err(Failure::new(FailureClass::BadRequest)
-            .with_message("no link of the fallback chain is allowed for this request")),
+    };
+    match last {
+        Some(Err(failure)) => degraded(failure),
+        // A failing HTTP answer goes back as it is, unless the chain has a
+        // degraded step.
+        Some(Ok(res)) => match (degrade, last_class) {
+            (Some(_), Some(class)) => degraded(Failure::from_classified(class)),
+            _ => Ok(res),
+        },
+        None => Err(no_link_allowed()),
     }
+}
+
+fn no_link_allowed() -> Failure {
+    Failure::new(FailureClass::BadRequest)
+        .with_message("no link of the fallback chain is allowed for this request")
 }
 
 /// Attaches the attempt log this layer owns, if it owns one.

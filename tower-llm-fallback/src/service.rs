@@ -82,17 +82,17 @@ where
         let owned_log = AttemptLog::install(req.extensions_mut());
         // Keep a clean copy for the alternates, unless the request cannot
         // be sent twice.
-        let pristine =
-            if chain.alternates.is_empty() || req.extensions().get::<NotReplayable>().is_some() {
-                None
-            } else {
-                Some(req.clone())
-            };
+        let replayable = req.extensions().get::<NotReplayable>().is_none();
+        let pristine = if chain.alternates.is_empty() || !replayable {
+            None
+        } else {
+            Some(req.clone())
+        };
         if chain.primary.admits(&req) {
             chain.primary.prepare(&mut req);
             ResponseFuture::primary(self.primary.call(req), chain, pristine, owned_log)
         } else {
-            ResponseFuture::primary_skipped(chain, pristine.unwrap_or(req), owned_log)
+            ResponseFuture::primary_skipped(chain, pristine.unwrap_or(req), replayable, owned_log)
         }
     }
 }

@@ -1,147 +1,22 @@
 //! The fallback layer composed with deadline, retry and breaker over
 //! scripted providers, under virtual time.
 
-use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::StatusCode;
 use tokio::time::Instant;
-use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_breaker::{BreakerKey, BreakerLayer};
 use tower_llm_core::{
-    AttemptOutcome, AttemptStatus, ChatRequest, ChatResponse, Failure, FailureClass, Message,
-    NextStep, NotReplayable, Usage,
+    AttemptOutcome, AttemptStatus, ChatRequest, ChatResponse, Failure, FailureClass, NextStep,
+    NotReplayable, Usage,
 };
 use tower_llm_deadline::DeadlineLayer;
 use tower_llm_fallback::{FallbackLayer, LinkSpec};
-use tower_llm_retry::{FixedFraction, RetryLayer};
 
-type Svc = BoxCloneSyncService<ChatRequest, ChatResponse, Failure>;
-
-/// One scripted answer: after `delay`, succeed or fail with a status.
-#[derive(Clone, Copy, Debug)]
-struct Step {
-    delay: Duration,
-    status: u16,
-    retry_after: Option<u64>,
-}
-
-const fn now(status: u16) -> Step {
-    Step {
-        delay: Duration::ZERO,
-        status,
-        retry_after: None,
-    }
-}
-
-/// A scripted provider: plays its steps in order (the last repeats) and
-/// records when each call started.
-#[derive(Clone)]
-struct Provider {
-    name: &'static str,
-    steps: Arc<Mutex<VecDeque<Step>>>,
-    calls: Arc<Mutex<Vec<Instant>>>,
-}
-
-impl Provider {
-    fn new(name: &'static str, steps: &[Step]) -> Self {
-        Provider {
-            name,
-            steps: Arc::new(Mutex::new(steps.iter().copied().collect())),
-            calls: Arc::default(),
-        }
-    }
-
-    fn calls(&self) -> usize {
-        self.calls.lock().expect("lock").len()
-    }
-
-    fn call_times(&self) -> Vec<Instant> {
-        self.calls.lock().expect("lock").clone()
-    }
-
-    fn service(&self) -> Svc {
-        let p = self.clone();
-        BoxCloneSyncService::new(service_fn(move |req: ChatRequest| {
-            p.calls.lock().expect("lock").push(Instant::now());
-            let step = {
-                let mut steps = p.steps.lock().expect("lock");
-                if steps.len() > 1 {
-                    steps.pop_front().expect("step")
-                } else {
-                    *steps.front().expect("step")
-                }
-            };
-            let name = p.name;
-            async move {
-                tokio::time::sleep(step.delay).await;
-                let status = StatusCode::from_u16(step.status).expect("status");
-                let class = match step.status {
-                    200 => {
-                        return Ok(ChatResponse {
-                            id: "id".into(),
-                            model: req.model.clone(),
-                            provider: name.into(),
-                            fallback_position: 0,
-                            degraded: false,
-                            choices: vec![],
-                            usage: Usage::default(),
-                            latency: Duration::ZERO,
-                            attempts: vec![],
-                        });
-                    }
-                    400 => FailureClass::BadRequest,
-                    401 | 403 => FailureClass::Auth,
-                    404 => FailureClass::NotFound,
-                    413 => FailureClass::ContextWindowExceeded,
-                    429 => FailureClass::RateLimited,
-                    _ => FailureClass::Transient,
-                };
-                let mut f = Failure::new(class).with_status(status);
-                if let Some(s) = step.retry_after {
-                    f = f.with_retry_after(Duration::from_secs(s));
-                }
-                Err(f)
-            }
-        }))
-    }
-
-    /// retry (3 attempts, fixed jitter) → breaker → this provider.
-    fn link(&self, breaker: &BreakerLayer) -> Svc {
-        BoxCloneSyncService::new(
-            ServiceBuilder::new()
-                .layer(RetryLayer::new().with_rng(FixedFraction(0.5)))
-                .layer(breaker.clone())
-                .service(self.service()),
-        )
-    }
-}
-
-fn req() -> ChatRequest {
-    ChatRequest::new("alias", vec![Message::user("hi")])
-}
-
-/// deadline → fallback(primary, alternates...) with retry → breaker per link.
-fn chain(deadline: Duration, primary: &Provider, alternates: &[&Provider]) -> (Svc, BreakerLayer) {
-    let breaker = BreakerLayer::new();
-    let mut builder = FallbackLayer::builder(
-        LinkSpec::new(primary.name, format!("{}-model", primary.name)).rewrite_model(),
-    );
-    for p in alternates {
-        builder = builder.or(
-            LinkSpec::new(p.name, format!("{}-model", p.name)).rewrite_model(),
-            p.link(&breaker),
-        );
-    }
-    let svc = ServiceBuilder::new()
-        .layer(DeadlineLayer::new(deadline))
-        .layer(builder.build().expect("valid chain"))
-        .service(primary.link(&breaker));
-    (BoxCloneSyncService::new(svc), breaker)
-}
+mod common;
+use common::*;
 
 fn statuses(attempts: &[tower_llm_core::AttemptRecord]) -> Vec<(String, AttemptStatus)> {
     attempts
@@ -571,53 +446,109 @@ async fn a_degraded_step_answers_when_every_link_failed() {
     assert!(err.is_auth());
 }
 
-/// Captures the `severity` field of every event.
-#[derive(Default, Clone)]
-struct Severities(Arc<Mutex<Vec<String>>>);
-
-impl tracing::Subscriber for Severities {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        struct Visit<'a>(&'a Mutex<Vec<String>>, &'a tracing::Level);
-        impl tracing::field::Visit for Visit<'_> {
-            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-                if field.name() == "severity" {
-                    self.0
-                        .lock()
-                        .expect("lock")
-                        .push(format!("{} {value}", self.1));
-                }
-            }
-            fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
-        }
-        event.record(&mut Visit(&self.0, event.metadata().level()));
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
+#[tokio::test(start_paused = true)]
+async fn a_one_shot_request_whose_primary_is_skipped_goes_to_one_link_only() {
+    let primary = Provider::new("a", &[now(200)]);
+    let b = Provider::new("b", &[now(503)]);
+    let c = Provider::new("c", &[now(200)]);
+    let layer =
+        FallbackLayer::builder(LinkSpec::new("a", "m").with_admission(|_: &ChatRequest| false))
+            .or(LinkSpec::new("b", "m"), b.service())
+            .or(LinkSpec::new("c", "m"), c.service())
+            .build()
+            .expect("chain");
+    let mut r = req();
+    r.extensions.insert(NotReplayable);
+    let err = layer
+        .layer(primary.service())
+        .oneshot(r)
+        .await
+        .expect_err("b failed");
+    assert!(err.is_transient());
+    assert_eq!((primary.calls(), b.calls(), c.calls()), (0, 1, 0));
 }
 
 #[tokio::test(start_paused = true)]
-async fn seed_ac5_an_auth_failure_logs_sev_1() {
-    let seen = Severities::default();
-    let _guard = tracing::subscriber::set_default(seen.clone());
-    let primary = Provider::new("bedrock", &[now(401)]);
-    let backup = Provider::new("anthropic", &[now(200)]);
-    let (svc, _) = chain(Duration::from_secs(30), &primary, &[&backup]);
-    let err = svc.oneshot(req()).await.expect_err("auth");
-    assert!(err.is_auth());
-    assert_eq!(*seen.0.lock().expect("lock"), ["ERROR sev-1"]);
+async fn failed_over_marks_the_link_left_even_across_a_skipped_link() {
+    let breaker = BreakerLayer::new();
+    let a = Provider::new("a", &[now(503)]);
+    let b = Provider::new("b", &[now(200)]);
+    let c = Provider::new("c", &[now(200)]);
+    let layer = FallbackLayer::builder(LinkSpec::new("a", "m"))
+        .or(
+            LinkSpec::new("b", "m").with_admission(|_: &ChatRequest| false),
+            b.link(&breaker),
+        )
+        .or(LinkSpec::new("c", "m"), c.link(&breaker))
+        .build()
+        .expect("chain");
+    let res = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(30)))
+        .layer(layer)
+        .service(a.link(&breaker))
+        .oneshot(req())
+        .await
+        .expect("c serves");
+    use AttemptStatus::*;
+    let s = |p: &str, st| (p.to_string(), st);
+    assert_eq!(
+        statuses(&res.attempts),
+        [
+            s("a", RetriedAfter5xx),
+            s("a", RetriedAfter5xx),
+            s("a", FailedOver),
+            s("b", SkippedByPolicy),
+            s("c", Succeeded),
+        ]
+    );
+}
 
-    // Other terminal failures are not paged.
-    seen.0.lock().expect("lock").clear();
-    let primary = Provider::new("bedrock", &[now(400)]);
-    let (svc, _) = chain(Duration::from_secs(30), &primary, &[&backup]);
-    let _ = svc.oneshot(req()).await;
-    assert!(seen.0.lock().expect("lock").is_empty());
+#[tokio::test(start_paused = true)]
+async fn the_degraded_step_also_answers_for_failing_http_links() {
+    let failing = |status: u16| {
+        service_fn(move |_r: http::Request<()>| async move {
+            Ok::<_, Failure>(
+                http::Response::builder()
+                    .status(status)
+                    .body(())
+                    .expect("response"),
+            )
+        })
+    };
+    let layer = FallbackLayer::builder(LinkSpec::new("a", "m"))
+        .or(LinkSpec::new("b", "m"), failing(502))
+        .with_classifier(tower_llm_core::HttpClassifier)
+        .with_degraded(|last: &Failure| {
+            assert!(last.is_all_links_failed());
+            assert_eq!(last.http_status().map(|s| s.as_u16()), Some(502));
+            http::Response::new(())
+        })
+        .build()
+        .expect("chain");
+    let res = layer
+        .layer(failing(503))
+        .oneshot(http::Request::new(()))
+        .await
+        .expect("degraded");
+    assert_eq!(res.status(), 200);
+    assert!(res.extensions().get::<tower_llm_core::Degraded>().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_context_window_failure_with_no_long_context_link_stays_terminal() {
+    let small = Provider::new("small", &[now(413)]);
+    let other = Provider::new("other", &[now(200)]);
+    let layer = FallbackLayer::builder(LinkSpec::new("small", "m"))
+        .or(LinkSpec::new("other", "m"), other.service())
+        .with_degraded(|_: &Failure| ok_answer("cache"))
+        .build()
+        .expect("chain");
+    let err = layer
+        .layer(small.service())
+        .oneshot(req())
+        .await
+        .expect_err("terminal");
+    assert!(err.is_context_window_exceeded());
+    assert!(!err.is_all_links_failed());
+    assert_eq!(other.calls(), 0);
 }
