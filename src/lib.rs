@@ -16,7 +16,8 @@
 //!
 //! Available today: the shared vocabulary (re-exported at this crate's
 //! root from [`tower_llm_core`]), the [`deadline`], [`fallback`], [`retry`]
-//! and [`breaker`] layers. The provider services come next.
+//! and [`breaker`] layers, and the OpenAI and Anthropic [`providers`]
+//! (Bedrock, embeddings and a default transport come next).
 //!
 //! ```
 //! use std::time::Duration;
@@ -48,6 +49,7 @@
 //! | [`tower_llm_retry`] | [`RetryLayer`](retry::RetryLayer): backoff, `Retry-After`, per-attempt timeout, retry budget |
 //! | [`tower_llm_breaker`] | [`BreakerLayer`](breaker::BreakerLayer): per-key circuit breaker with half-open probes |
 //! | [`tower_llm_fallback`] | [`FallbackLayer`](fallback::FallbackLayer): an ordered chain of links within one deadline |
+//! | [`tower_llm_providers`] | [`OpenAi`](providers::OpenAi), [`Anthropic`](providers::Anthropic): wire formats, normalisation, error classification |
 //!
 //! # Feature flags
 //!
@@ -89,6 +91,14 @@ pub mod fallback {
     pub use tower_llm_fallback::{
         Fallback, FallbackBuilder, FallbackLayer, InvalidChain, LinkService, LinkSpec,
         ResponseFuture,
+    };
+}
+
+/// Provider services ([`tower_llm_providers`]): OpenAI and Anthropic so far.
+pub mod providers {
+    pub use tower_llm_providers::{
+        Anthropic, AnthropicConfig, ApiKey, DEFAULT_MAX_BODY, MAX_MESSAGE, OpenAi, OpenAiConfig,
+        ProviderFuture, RequestBody, anthropic, openai,
     };
 }
 

@@ -1,0 +1,378 @@
+//! Anthropic Messages.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http_body::Body;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use tower_llm_core::{
+    BoxError, ChatRequest, ChatResponse, Choice, ContentPart, Failure, FailureClass, FinishReason,
+    Message, Role, ToolCall, ToolChoice, Usage,
+};
+use tower_service::Service;
+
+use crate::transport::{
+    DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure, invalid, read_body,
+};
+use crate::{ApiKey, ProviderFuture};
+
+const PROVIDER: &str = "anthropic";
+
+/// The `anthropic-version` header sent by default.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// `max_tokens` sent when the request sets none (Anthropic requires it).
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+
+/// Settings of an [`Anthropic`] service.
+///
+/// ```
+/// use tower_llm_providers::{AnthropicConfig, ApiKey};
+///
+/// let cfg = AnthropicConfig::new(ApiKey::new("sk-ant-..."));
+/// assert_eq!(cfg.base_url(), "https://api.anthropic.com");
+/// assert!(!format!("{cfg:?}").contains("sk-ant"));
+/// ```
+#[derive(Debug, Clone)]
+pub struct AnthropicConfig {
+    api_key: ApiKey,
+    base_url: Arc<str>,
+    version: Arc<str>,
+    max_body: usize,
+}
+
+impl AnthropicConfig {
+    /// The official API with `api_key`.
+    pub fn new(api_key: ApiKey) -> Self {
+        AnthropicConfig {
+            api_key,
+            base_url: "https://api.anthropic.com".into(),
+            version: ANTHROPIC_VERSION.into(),
+            max_body: DEFAULT_MAX_BODY,
+        }
+    }
+
+    /// Another base URL (a proxy, a test server); the service posts to
+    /// `{base_url}/v1/messages`.
+    #[must_use]
+    pub fn with_base_url(mut self, base_url: &str) -> Self {
+        self.base_url = base_url.trim_end_matches('/').into();
+        self
+    }
+
+    /// The `anthropic-version` header (default [`ANTHROPIC_VERSION`]).
+    #[must_use]
+    pub fn with_version(mut self, version: &str) -> Self {
+        self.version = version.into();
+        self
+    }
+
+    /// The largest response body read (default 16 MiB).
+    #[must_use]
+    pub fn with_max_body(mut self, max_body: usize) -> Self {
+        self.max_body = max_body;
+        self
+    }
+
+    /// The base URL.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+}
+
+/// Anthropic Messages as a `Service<ChatRequest>`, over any HTTP transport.
+///
+/// System messages become the top-level `system`, tool results become
+/// `tool_result` blocks, and a missing `max_tokens` is sent as
+/// [`DEFAULT_MAX_TOKENS`]. Errors: 529 `overloaded_error` is transient, a
+/// spend or credit limit is quota exhausted, "prompt is too long" is context
+/// window exceeded.
+#[derive(Debug, Clone)]
+pub struct Anthropic<T> {
+    transport: T,
+    config: Arc<AnthropicConfig>,
+}
+
+impl<T> Anthropic<T> {
+    /// A service sending through `transport`.
+    pub fn new(transport: T, config: AnthropicConfig) -> Self {
+        Anthropic {
+            transport,
+            config: Arc::new(config),
+        }
+    }
+}
+
+impl<T, B> Service<ChatRequest> for Anthropic<T>
+where
+    T: Service<http::Request<RequestBody>, Response = http::Response<B>> + Clone + Send + 'static,
+    T::Future: Send + 'static,
+    T::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = ChatResponse;
+    type Error = Failure;
+    type Future = ProviderFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.transport
+            .poll_ready(cx)
+            .map_err(|e| Failure::from_error(e.into()).with_provider(PROVIDER))
+    }
+
+    fn call(&mut self, req: ChatRequest) -> Self::Future {
+        let clone = self.transport.clone();
+        let mut transport = std::mem::replace(&mut self.transport, clone);
+        let config = self.config.clone();
+        Box::pin(async move {
+            let body = crate::to_json(PROVIDER, &encode(&req))?;
+            let http_req = http::Request::post(format!("{}/v1/messages", config.base_url))
+                .header(CONTENT_TYPE, "application/json")
+                .header("x-api-key", config.api_key.expose())
+                .header("anthropic-version", &*config.version)
+                .body(RequestBody::new(Bytes::from(body)))
+                .map_err(|e| {
+                    Failure::new(FailureClass::BadRequest)
+                        .with_provider(PROVIDER)
+                        .with_message(format!("cannot build the request: {e}"))
+                })?;
+            let started = Instant::now();
+            let res = transport
+                .call(http_req)
+                .await
+                .map_err(|e| Failure::from_error(e.into()).with_provider(PROVIDER))?;
+            let (parts, body) = res.into_parts();
+            let bytes = read_body(body, config.max_body)
+                .await
+                .map_err(|f| f.with_provider(PROVIDER))?;
+            if !parts.status.is_success() {
+                return Err(decode_error(parts.status, &parts.headers, &bytes));
+            }
+            decode(&bytes, started.elapsed()).map_err(|f| f.with_status(parts.status))
+        })
+    }
+}
+
+/// The Messages request body for `req`.
+pub fn encode(req: &ChatRequest) -> Value {
+    let system: Vec<String> = req
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::System)
+        .map(Message::joined_text)
+        .collect();
+    let messages: Vec<Value> = req
+        .messages
+        .iter()
+        .filter(|m| m.role != Role::System)
+        .map(encode_message)
+        .collect();
+    let mut body = json!({
+        "model": req.model,
+        "max_tokens": req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        "messages": messages,
+        "stream": false,
+    });
+    let obj = body.as_object_mut().expect("a JSON object literal");
+    if !system.is_empty() {
+        obj.insert("system".into(), json!(system.join("\n\n")));
+    }
+    if !req.tools.is_empty() {
+        obj.insert(
+            "tools".into(),
+            req.tools
+                .iter()
+                .map(|t| {
+                    json!({"name": t.name, "description": t.description,
+                           "input_schema": t.parameters})
+                })
+                .collect(),
+        );
+    }
+    if let Some(choice) = &req.tool_choice {
+        obj.insert(
+            "tool_choice".into(),
+            match choice {
+                ToolChoice::Auto => json!({"type": "auto"}),
+                ToolChoice::None => json!({"type": "none"}),
+                ToolChoice::Required => json!({"type": "any"}),
+                ToolChoice::Tool(name) => json!({"type": "tool", "name": name}),
+            },
+        );
+    }
+    if let Some(t) = req.temperature {
+        obj.insert("temperature".into(), json!(t));
+    }
+    if let Some(p) = req.top_p {
+        obj.insert("top_p".into(), json!(p));
+    }
+    if !req.stop.is_empty() {
+        obj.insert("stop_sequences".into(), json!(req.stop));
+    }
+    body
+}
+
+fn encode_message(m: &Message) -> Value {
+    if m.role == Role::Tool {
+        return json!({"role": "user", "content": [{
+            "type": "tool_result",
+            "tool_use_id": m.tool_call_id.as_deref().unwrap_or_default(),
+            "content": m.joined_text(),
+        }]});
+    }
+    let role = if m.role == Role::Assistant {
+        "assistant"
+    } else {
+        "user"
+    };
+    let mut blocks: Vec<Value> = m
+        .content
+        .iter()
+        .map(|p| match p {
+            ContentPart::Text { text } => json!({"type": "text", "text": text}),
+            ContentPart::ImageUrl { url } => {
+                json!({"type": "image", "source": {"type": "url", "url": url}})
+            }
+        })
+        .collect();
+    for call in &m.tool_calls {
+        // The model's arguments are JSON text; pass anything else as a string.
+        let input = serde_json::from_str::<Value>(&call.arguments)
+            .unwrap_or_else(|_| Value::String(call.arguments.clone()));
+        blocks.push(json!({"type": "tool_use", "id": call.id, "name": call.name, "input": input}));
+    }
+    json!({"role": role, "content": blocks})
+}
+
+#[derive(Deserialize)]
+struct WireResponse {
+    id: String,
+    model: String,
+    content: Vec<WireBlock>,
+    #[serde(default)]
+    stop_reason: Option<String>,
+    usage: WireUsage,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireBlock {
+    Text {
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        #[serde(default)]
+        input: Value,
+    },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    input_tokens: u32,
+    output_tokens: u32,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u32>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u32>,
+}
+
+/// Normalises a Messages response body. `prompt_tokens` counts every input
+/// token (uncached, cache reads and cache writes), `cached_input_tokens` the
+/// cache reads. A missing required field (`id`, `model`, `content`,
+/// `usage`) is an invalid-response failure naming it.
+pub fn decode(body: &[u8], latency: Duration) -> Result<ChatResponse, Failure> {
+    let wire: WireResponse = serde_json::from_slice(body).map_err(|e| invalid(PROVIDER, e))?;
+    let mut text = String::new();
+    let mut tool_calls = Vec::new();
+    for block in wire.content {
+        match block {
+            WireBlock::Text { text: t } => text.push_str(&t),
+            WireBlock::ToolUse { id, name, input } => tool_calls.push(ToolCall {
+                id,
+                name,
+                arguments: input.to_string(),
+            }),
+            WireBlock::Other => {}
+        }
+    }
+    let cache_read = wire.usage.cache_read_input_tokens.unwrap_or(0);
+    let cache_write = wire.usage.cache_creation_input_tokens.unwrap_or(0);
+    Ok(ChatResponse {
+        id: wire.id,
+        model: wire.model,
+        provider: PROVIDER.into(),
+        fallback_position: 0,
+        degraded: false,
+        choices: vec![Choice {
+            index: 0,
+            text,
+            tool_calls,
+            finish_reason: match wire.stop_reason.as_deref() {
+                Some("end_turn" | "stop_sequence") => FinishReason::Stop,
+                Some("max_tokens") => FinishReason::Length,
+                Some("tool_use") => FinishReason::ToolCalls,
+                Some("refusal") => FinishReason::ContentFilter,
+                _ => FinishReason::Other,
+            },
+        }],
+        usage: Usage {
+            prompt_tokens: wire
+                .usage
+                .input_tokens
+                .saturating_add(cache_read)
+                .saturating_add(cache_write),
+            completion_tokens: wire.usage.output_tokens,
+            cached_input_tokens: cache_read,
+        },
+        latency,
+        attempts: Vec::new(),
+    })
+}
+
+#[derive(Deserialize, Default)]
+struct WireErrorEnvelope<'a> {
+    #[serde(borrow, default)]
+    error: Option<WireError<'a>>,
+}
+
+#[derive(Deserialize, Default)]
+struct WireError<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<&'a str>,
+    #[serde(borrow, default)]
+    message: Option<&'a str>,
+}
+
+/// Classifies an Anthropic error answer (a non-2xx status with its headers
+/// and body). The body is read leniently: garbage leaves the status's class.
+pub fn decode_error(status: http::StatusCode, headers: &http::HeaderMap, body: &[u8]) -> Failure {
+    let envelope: WireErrorEnvelope<'_> = serde_json::from_slice(body).unwrap_or_default();
+    let e = envelope.error.unwrap_or_default();
+    let parsed = ErrorBody {
+        kind: e.kind,
+        code: None,
+        message: e.message,
+    };
+    error_failure(PROVIDER, status, headers, &parsed, |class, b| {
+        let message = b.message.unwrap_or_default();
+        if message.contains("credit balance") || message.contains("usage limit") {
+            FailureClass::QuotaExhausted
+        } else if message.contains("prompt is too long") {
+            FailureClass::ContextWindowExceeded
+        } else if b.kind == Some("overloaded_error") {
+            FailureClass::Transient
+        } else {
+            class
+        }
+    })
+}

@@ -1,0 +1,80 @@
+//! OpenAI and Anthropic chat services for tower-llm: one request type
+//! ([`ChatRequest`](tower_llm_core::ChatRequest)), one normalised answer
+//! ([`ChatResponse`](tower_llm_core::ChatResponse)), and provider errors
+//! classified from status, headers and body so that retry, breaker and
+//! fallback decide correctly.
+//!
+//! Each provider is a `tower::Service<ChatRequest>` over any HTTP
+//! transport: a `Service<http::Request<Full<Bytes>>>` such as a pooled
+//! hyper-util client (put tower-http layers on it if you like; it must not
+//! retry: the retry layer is the one retry owner).
+//!
+//! ```
+//! use tower_llm_providers::{openai, Anthropic, AnthropicConfig, ApiKey, OpenAi, OpenAiConfig};
+//! use tower_llm_core::{ChatRequest, Message};
+//!
+//! // Any transport works; here a stand-in that never gets called.
+//! let transport = tower::service_fn(|_req: http::Request<tower_llm_providers::RequestBody>| async {
+//!     Ok::<_, std::io::Error>(http::Response::new(http_body_util::Full::new(bytes::Bytes::new())))
+//! });
+//! let gpt = OpenAi::new(transport.clone(), OpenAiConfig::new(ApiKey::new("sk-...")));
+//! let claude = Anthropic::new(transport, AnthropicConfig::new(ApiKey::new("sk-ant-...")));
+//!
+//! let req = ChatRequest::new("gpt-4o-mini", vec![Message::system("Be brief."), Message::user("Hi")]);
+//! let body = openai::encode(&req);
+//! assert_eq!(body["messages"][0]["role"], "system");
+//! # let _ = (gpt, claude);
+//! ```
+//!
+//! # Normalisation
+//!
+//! Both shapes map onto the same `ChatResponse`: text and tool calls per
+//! choice, finish reason in {stop, length, tool_calls, content_filter,
+//! other}, usage with prompt, completion and cached-input tokens. Unknown
+//! fields are ignored; a missing required field is an invalid-response
+//! failure naming it. Response bodies are read with a cap (16 MiB by
+//! default): a larger one is an invalid-response failure and memory stays
+//! bounded.
+//!
+//! # Secrets
+//!
+//! Keys live in [`ApiKey`], whose `Debug` and `Display` print
+//! `[redacted]`; they never appear in errors, logs or spans.
+//!
+//! # Not yet here
+//!
+//! AWS Bedrock (SigV4), embeddings, a default hyper-util + rustls
+//! transport, and the `mock` feature's `ScriptedProvider` / `MockServer`
+//! come with the rest of the providers issue.
+//!
+//! # Feature flags
+//!
+//! None yet.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use tower_llm_core::{ChatResponse, Failure, FailureClass};
+
+pub mod anthropic;
+pub mod openai;
+mod secret;
+mod transport;
+
+pub use anthropic::{Anthropic, AnthropicConfig};
+pub use openai::{OpenAi, OpenAiConfig};
+pub use secret::ApiKey;
+pub use transport::{DEFAULT_MAX_BODY, MAX_MESSAGE, RequestBody};
+
+/// The response future of the provider services: boxed, since a provider
+/// call is one network round trip (a layer's hot path is never boxed).
+pub type ProviderFuture = Pin<Box<dyn Future<Output = Result<ChatResponse, Failure>> + Send>>;
+
+/// Serialises a request body; a failure here is the caller's request.
+fn to_json(provider: &'static str, body: &serde_json::Value) -> Result<Vec<u8>, Failure> {
+    serde_json::to_vec(body).map_err(|e| {
+        Failure::new(FailureClass::BadRequest)
+            .with_provider(provider)
+            .with_message(format!("cannot encode the request: {e}"))
+    })
+}

@@ -1,0 +1,391 @@
+//! OpenAI Chat Completions, and every server that speaks it.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, CONTENT_TYPE};
+use http_body::Body;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use tower_llm_core::{
+    BoxError, ChatRequest, ChatResponse, Choice, ContentPart, Failure, FailureClass, FinishReason,
+    Message, Role, ToolCall, ToolChoice, Usage,
+};
+use tower_service::Service;
+
+use crate::transport::{
+    DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure, invalid, read_body,
+};
+use crate::{ApiKey, ProviderFuture};
+
+const PROVIDER: &str = "openai";
+
+/// Settings of an [`OpenAi`] service.
+///
+/// `base_url` makes any OpenAI-compatible server work (Azure OpenAI,
+/// vLLM, Ollama, Groq, ...): the service posts to
+/// `{base_url}/chat/completions`.
+///
+/// ```
+/// use tower_llm_providers::{ApiKey, OpenAiConfig};
+///
+/// let official = OpenAiConfig::new(ApiKey::new("sk-..."));
+/// assert_eq!(official.base_url(), "https://api.openai.com/v1");
+/// let local = OpenAiConfig::new(ApiKey::new("unused"))
+///     .with_base_url("http://127.0.0.1:11434/v1"); // Ollama
+/// assert!(format!("{local:?}").contains("[redacted]"));
+/// ```
+#[derive(Debug, Clone)]
+pub struct OpenAiConfig {
+    api_key: ApiKey,
+    base_url: Arc<str>,
+    max_body: usize,
+}
+
+impl OpenAiConfig {
+    /// The official API with `api_key`.
+    pub fn new(api_key: ApiKey) -> Self {
+        OpenAiConfig {
+            api_key,
+            base_url: "https://api.openai.com/v1".into(),
+            max_body: DEFAULT_MAX_BODY,
+        }
+    }
+
+    /// Another OpenAI-compatible server (no trailing slash needed).
+    #[must_use]
+    pub fn with_base_url(mut self, base_url: &str) -> Self {
+        self.base_url = base_url.trim_end_matches('/').into();
+        self
+    }
+
+    /// The largest response body read (default 16 MiB); a larger one is an
+    /// invalid-response failure.
+    #[must_use]
+    pub fn with_max_body(mut self, max_body: usize) -> Self {
+        self.max_body = max_body;
+        self
+    }
+
+    /// The base URL.
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+}
+
+/// OpenAI Chat Completions as a `Service<ChatRequest>`, over any HTTP
+/// transport `T` (a hyper-util client, or a test double).
+///
+/// The transport never retries: the retry layer is the one retry owner.
+/// Errors are classified from the status, the rate-limit headers and the
+/// error body: `insufficient_quota` is quota exhausted (not retried, fails
+/// over), `context_length_exceeded` is context window exceeded.
+#[derive(Debug, Clone)]
+pub struct OpenAi<T> {
+    transport: T,
+    config: Arc<OpenAiConfig>,
+}
+
+impl<T> OpenAi<T> {
+    /// A service sending through `transport`.
+    pub fn new(transport: T, config: OpenAiConfig) -> Self {
+        OpenAi {
+            transport,
+            config: Arc::new(config),
+        }
+    }
+}
+
+impl<T, B> Service<ChatRequest> for OpenAi<T>
+where
+    T: Service<http::Request<RequestBody>, Response = http::Response<B>> + Clone + Send + 'static,
+    T::Future: Send + 'static,
+    T::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = ChatResponse;
+    type Error = Failure;
+    type Future = ProviderFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.transport
+            .poll_ready(cx)
+            .map_err(|e| Failure::from_error(e.into()).with_provider(PROVIDER))
+    }
+
+    fn call(&mut self, req: ChatRequest) -> Self::Future {
+        let clone = self.transport.clone();
+        let mut transport = std::mem::replace(&mut self.transport, clone);
+        let config = self.config.clone();
+        Box::pin(async move {
+            let body = crate::to_json(PROVIDER, &encode(&req))?;
+            let http_req = http::Request::post(format!("{}/chat/completions", config.base_url))
+                .header(CONTENT_TYPE, "application/json")
+                .header(AUTHORIZATION, format!("Bearer {}", config.api_key.expose()))
+                .body(RequestBody::new(Bytes::from(body)))
+                .map_err(|e| {
+                    Failure::new(FailureClass::BadRequest)
+                        .with_provider(PROVIDER)
+                        .with_message(format!("cannot build the request: {e}"))
+                })?;
+            let started = Instant::now();
+            let res = transport
+                .call(http_req)
+                .await
+                .map_err(|e| Failure::from_error(e.into()).with_provider(PROVIDER))?;
+            let (parts, body) = res.into_parts();
+            let bytes = read_body(body, config.max_body)
+                .await
+                .map_err(|f| f.with_provider(PROVIDER))?;
+            if !parts.status.is_success() {
+                return Err(decode_error(parts.status, &parts.headers, &bytes));
+            }
+            decode(&bytes, started.elapsed()).map_err(|f| f.with_status(parts.status))
+        })
+    }
+}
+
+/// The Chat Completions request body for `req`.
+pub fn encode(req: &ChatRequest) -> Value {
+    let mut body = json!({
+        "model": req.model,
+        "messages": req.messages.iter().map(encode_message).collect::<Vec<_>>(),
+        "stream": false,
+    });
+    let obj = body.as_object_mut().expect("a JSON object literal");
+    if !req.tools.is_empty() {
+        obj.insert(
+            "tools".into(),
+            req.tools
+                .iter()
+                .map(|t| {
+                    json!({"type": "function", "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    }})
+                })
+                .collect(),
+        );
+    }
+    if let Some(choice) = &req.tool_choice {
+        obj.insert(
+            "tool_choice".into(),
+            match choice {
+                ToolChoice::Auto => json!("auto"),
+                ToolChoice::None => json!("none"),
+                ToolChoice::Required => json!("required"),
+                ToolChoice::Tool(name) => json!({"type": "function", "function": {"name": name}}),
+            },
+        );
+    }
+    if let Some(t) = req.temperature {
+        obj.insert("temperature".into(), json!(t));
+    }
+    if let Some(p) = req.top_p {
+        obj.insert("top_p".into(), json!(p));
+    }
+    if let Some(m) = req.max_tokens {
+        obj.insert("max_tokens".into(), json!(m));
+    }
+    if !req.stop.is_empty() {
+        obj.insert("stop".into(), json!(req.stop));
+    }
+    body
+}
+
+fn encode_message(m: &Message) -> Value {
+    let role = match m.role {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    };
+    let only_text = m
+        .content
+        .iter()
+        .all(|p| matches!(p, ContentPart::Text { .. }));
+    let content = if only_text {
+        json!(m.joined_text())
+    } else {
+        m.content
+            .iter()
+            .map(|p| match p {
+                ContentPart::Text { text } => json!({"type": "text", "text": text}),
+                ContentPart::ImageUrl { url } => {
+                    json!({"type": "image_url", "image_url": {"url": url}})
+                }
+            })
+            .collect()
+    };
+    let mut msg = json!({"role": role, "content": content});
+    let obj = msg.as_object_mut().expect("a JSON object literal");
+    if !m.tool_calls.is_empty() {
+        obj.insert(
+            "tool_calls".into(),
+            m.tool_calls
+                .iter()
+                .map(|c| {
+                    json!({"id": c.id, "type": "function",
+                           "function": {"name": c.name, "arguments": c.arguments}})
+                })
+                .collect(),
+        );
+    }
+    if let Some(id) = &m.tool_call_id {
+        obj.insert("tool_call_id".into(), json!(id));
+    }
+    msg
+}
+
+#[derive(Deserialize)]
+struct WireResponse {
+    id: String,
+    model: String,
+    choices: Vec<WireChoice>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct WireChoice {
+    #[serde(default)]
+    index: u32,
+    message: WireMessage,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireMessage {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<WireToolCall>,
+}
+
+#[derive(Deserialize)]
+struct WireToolCall {
+    id: String,
+    function: WireFunction,
+}
+
+#[derive(Deserialize)]
+struct WireFunction {
+    name: String,
+    #[serde(default)]
+    arguments: String,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: u32,
+    #[serde(default)]
+    completion_tokens: u32,
+    #[serde(default)]
+    prompt_tokens_details: Option<WireTokenDetails>,
+}
+
+#[derive(Deserialize)]
+struct WireTokenDetails {
+    #[serde(default)]
+    cached_tokens: u32,
+}
+
+/// Normalises a Chat Completions response body. A missing required field
+/// (`id`, `model`, `choices`, a choice's `message`) is an invalid-response
+/// failure naming it; unknown fields are ignored.
+pub fn decode(body: &[u8], latency: Duration) -> Result<ChatResponse, Failure> {
+    let wire: WireResponse = serde_json::from_slice(body).map_err(|e| invalid(PROVIDER, e))?;
+    if wire.choices.is_empty() {
+        return Err(invalid(PROVIDER, "`choices` is empty"));
+    }
+    let usage = wire.usage.map_or(Usage::default(), |u| Usage {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        cached_input_tokens: u.prompt_tokens_details.map_or(0, |d| d.cached_tokens),
+    });
+    Ok(ChatResponse {
+        id: wire.id,
+        model: wire.model,
+        provider: PROVIDER.into(),
+        fallback_position: 0,
+        degraded: false,
+        choices: wire
+            .choices
+            .into_iter()
+            .map(|c| Choice {
+                index: c.index,
+                text: c.message.content.unwrap_or_default(),
+                tool_calls: c
+                    .message
+                    .tool_calls
+                    .into_iter()
+                    .map(|t| ToolCall {
+                        id: t.id,
+                        name: t.function.name,
+                        arguments: t.function.arguments,
+                    })
+                    .collect(),
+                finish_reason: match c.finish_reason.as_deref() {
+                    Some("stop") => FinishReason::Stop,
+                    Some("length") => FinishReason::Length,
+                    Some("tool_calls" | "function_call") => FinishReason::ToolCalls,
+                    Some("content_filter") => FinishReason::ContentFilter,
+                    _ => FinishReason::Other,
+                },
+            })
+            .collect(),
+        usage,
+        latency,
+        attempts: Vec::new(),
+    })
+}
+
+#[derive(Deserialize, Default)]
+struct WireErrorEnvelope<'a> {
+    #[serde(borrow, default)]
+    error: Option<WireError<'a>>,
+}
+
+#[derive(Deserialize, Default)]
+struct WireError<'a> {
+    #[serde(borrow, default, rename = "type")]
+    kind: Option<&'a str>,
+    #[serde(borrow, default)]
+    code: Option<&'a str>,
+    #[serde(borrow, default)]
+    message: Option<&'a str>,
+}
+
+/// Classifies an OpenAI error answer (a non-2xx status with its headers
+/// and body). The body is read leniently: garbage leaves the status's class.
+pub fn decode_error(status: http::StatusCode, headers: &http::HeaderMap, body: &[u8]) -> Failure {
+    let envelope: WireErrorEnvelope<'_> = serde_json::from_slice(body).unwrap_or_default();
+    let e = envelope.error.unwrap_or_default();
+    let parsed = ErrorBody {
+        kind: e.kind,
+        code: e.code,
+        message: e.message,
+    };
+    error_failure(PROVIDER, status, headers, &parsed, |class, b| {
+        let is = |s: &str| b.code == Some(s) || b.kind == Some(s);
+        if is("insufficient_quota") {
+            FailureClass::QuotaExhausted
+        } else if is("context_length_exceeded")
+            || b.message
+                .is_some_and(|m| m.contains("maximum context length"))
+        {
+            FailureClass::ContextWindowExceeded
+        } else if is("content_filter") || is("content_policy_violation") {
+            FailureClass::ContentFiltered
+        } else {
+            class
+        }
+    })
+}

@@ -1,0 +1,121 @@
+//! Talking to the HTTP transport: building requests, reading bodies with a
+//! cap, and turning provider error answers into classified failures.
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use tower_llm_core::{BoxError, Failure, FailureClass, Outcome, classify_status};
+
+/// The request body type providers send.
+pub type RequestBody = Full<Bytes>;
+
+/// The default cap on a response body: 16 MiB.
+pub const DEFAULT_MAX_BODY: usize = 16 * 1024 * 1024;
+
+/// The longest provider message kept in a [`Failure`] (in bytes).
+pub const MAX_MESSAGE: usize = 512;
+
+/// Reads a whole response body, at most `limit` bytes.
+///
+/// A larger body is an invalid-response failure (memory stays bounded); a
+/// body that breaks off (connection reset mid-body) is transient.
+pub(crate) async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, Failure>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(Failure::new(FailureClass::InvalidResponse)
+            .with_message(format!("response body over the {limit}-byte limit"))),
+        Err(e) => Err(Failure::new(FailureClass::Transient)
+            .with_message("response body broke off")
+            .with_source(e)),
+    }
+}
+
+/// Keeps at most [`MAX_MESSAGE`] bytes of a provider message, on a
+/// character boundary.
+pub(crate) fn bounded(message: &str) -> String {
+    if message.len() <= MAX_MESSAGE {
+        return message.to_owned();
+    }
+    let mut end = MAX_MESSAGE;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &message[..end])
+}
+
+/// What a provider's error body said, as far as classification goes.
+#[derive(Debug, Default)]
+pub(crate) struct ErrorBody<'a> {
+    /// `error.type` (OpenAI, Anthropic).
+    pub(crate) kind: Option<&'a str>,
+    /// `error.code` (OpenAI).
+    pub(crate) code: Option<&'a str>,
+    /// The human message.
+    pub(crate) message: Option<&'a str>,
+}
+
+/// A failure for a non-2xx answer: the status and headers decide the class
+/// (with `Retry-After` and `x-should-retry`), then `refine` may sharpen it
+/// from the body (quota, context window, content filter).
+pub(crate) fn error_failure(
+    provider: &'static str,
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &ErrorBody<'_>,
+    refine: impl FnOnce(FailureClass, &ErrorBody<'_>) -> FailureClass,
+) -> Failure {
+    let classified = match classify_status(status, headers) {
+        Outcome::Failure(c) => c,
+        // A 1xx/3xx where a 2xx was expected: not a usable answer.
+        Outcome::Success { .. } => tower_llm_core::Classified::new(FailureClass::InvalidResponse),
+    };
+    let class = refine(classified.class, body);
+    let mut failure = Failure::from_classified(tower_llm_core::Classified {
+        class,
+        ..classified
+    })
+    .with_status(status)
+    .with_provider(provider);
+    if let Some(message) = body.message {
+        failure = failure.with_message(bounded(message));
+    }
+    failure
+}
+
+/// A failure for a 2xx answer whose body we cannot use.
+pub(crate) fn invalid(provider: &'static str, what: impl std::fmt::Display) -> Failure {
+    Failure::new(FailureClass::InvalidResponse)
+        .with_provider(provider)
+        .with_message(bounded(&format!("malformed {provider} response: {what}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_bounded_on_char_boundaries() {
+        let long = "é".repeat(MAX_MESSAGE);
+        let b = bounded(&long);
+        assert!(b.len() <= MAX_MESSAGE + '…'.len_utf8());
+        assert!(b.ends_with('…'));
+        assert_eq!(bounded("short"), "short");
+    }
+
+    #[tokio::test]
+    async fn bodies_over_the_cap_are_refused() {
+        let err = read_body(Full::new(Bytes::from(vec![b'x'; 2048])), 1024)
+            .await
+            .expect_err("too big");
+        assert!(err.is_invalid_response());
+        let ok = read_body(Full::new(Bytes::from_static(b"{}")), 1024)
+            .await
+            .expect("small");
+        assert_eq!(&ok[..], b"{}");
+    }
+}
