@@ -16,8 +16,8 @@
 //!
 //! Available today: the shared vocabulary (re-exported at this crate's
 //! root from [`tower_llm_core`]), the [`deadline`], [`fallback`], [`retry`]
-//! and [`breaker`] layers, and the OpenAI and Anthropic [`providers`]
-//! (Bedrock, embeddings and a default transport come next).
+//! and [`breaker`] layers, and the OpenAI, Anthropic and Bedrock
+//! [`providers`] (embeddings and a default transport come next).
 //!
 //! ```
 //! use std::time::Duration;
@@ -49,7 +49,7 @@
 //! | [`tower_llm_retry`] | [`RetryLayer`](retry::RetryLayer): backoff, `Retry-After`, per-attempt timeout, retry budget |
 //! | [`tower_llm_breaker`] | [`BreakerLayer`](breaker::BreakerLayer): per-key circuit breaker with half-open probes |
 //! | [`tower_llm_fallback`] | [`FallbackLayer`](fallback::FallbackLayer): an ordered chain of links within one deadline |
-//! | [`tower_llm_providers`] | [`OpenAi`](providers::OpenAi), [`Anthropic`](providers::Anthropic): wire formats, normalisation, error classification |
+//! | [`tower_llm_providers`] | [`OpenAi`](providers::OpenAi), [`Anthropic`](providers::Anthropic), [`Bedrock`](providers::Bedrock): wire formats, normalisation, error classification |
 //!
 //! # Feature flags
 //!
@@ -94,11 +94,12 @@ pub mod fallback {
     };
 }
 
-/// Provider services ([`tower_llm_providers`]): OpenAI and Anthropic so far.
+/// Provider services ([`tower_llm_providers`]): OpenAI, Anthropic, AWS Bedrock.
 pub mod providers {
     pub use tower_llm_providers::{
-        Anthropic, AnthropicConfig, ApiKey, DEFAULT_MAX_BODY, MAX_MESSAGE, OpenAi, OpenAiConfig,
-        ProviderFuture, RequestBody, anthropic, openai,
+        Anthropic, AnthropicConfig, ApiKey, AwsCredentials, Bedrock, BedrockConfig,
+        DEFAULT_MAX_BODY, MAX_MESSAGE, OpenAi, OpenAiConfig, ProviderFuture, RequestBody,
+        anthropic, bedrock, openai,
     };
 }
 

@@ -1,4 +1,4 @@
-//! OpenAI and Anthropic chat services for tower-llm: one request type
+//! OpenAI, Anthropic and AWS Bedrock chat services for tower-llm: one request type
 //! ([`ChatRequest`](tower_llm_core::ChatRequest)), one normalised answer
 //! ([`ChatResponse`](tower_llm_core::ChatResponse)), and provider errors
 //! classified from status, headers and body so that retry, breaker and
@@ -43,9 +43,9 @@
 //!
 //! # Not yet here
 //!
-//! AWS Bedrock (SigV4), embeddings, a default hyper-util + rustls
-//! transport, and the `mock` feature's `ScriptedProvider` / `MockServer`
-//! come with the rest of the providers issue.
+//! Embeddings, a default hyper-util + rustls transport, and the `mock`
+//! feature's `ScriptedProvider` / `MockServer` come with the rest of the
+//! providers issue.
 //!
 //! # Feature flags
 //!
@@ -57,11 +57,13 @@ use std::pin::Pin;
 use tower_llm_core::{ChatResponse, Failure, FailureClass};
 
 pub mod anthropic;
+pub mod bedrock;
 pub mod openai;
 mod secret;
 mod transport;
 
 pub use anthropic::{Anthropic, AnthropicConfig};
+pub use bedrock::{AwsCredentials, Bedrock, BedrockConfig};
 pub use openai::{OpenAi, OpenAiConfig};
 pub use secret::ApiKey;
 pub use transport::{DEFAULT_MAX_BODY, MAX_MESSAGE, RequestBody};

@@ -1,0 +1,552 @@
+//! AWS Bedrock Converse, signed with SigV4.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderMap, StatusCode};
+use http_body::Body;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use tower_llm_core::{
+    BoxError, ChatRequest, ChatResponse, Choice, ContentPart, Failure, FailureClass, FinishReason,
+    Message, Role, ToolCall, ToolChoice, Usage,
+};
+use tower_service::Service;
+
+use crate::transport::{
+    DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure, invalid, read_body,
+};
+use crate::{ApiKey, ProviderFuture};
+
+const PROVIDER: &str = "bedrock";
+
+/// AWS credentials. The secret and the session token are redacted in
+/// `Debug`.
+#[derive(Clone)]
+pub struct AwsCredentials {
+    access_key_id: String,
+    secret_access_key: ApiKey,
+    session_token: Option<ApiKey>,
+}
+
+impl AwsCredentials {
+    /// Long-term credentials.
+    pub fn new(access_key_id: impl Into<String>, secret_access_key: impl Into<String>) -> Self {
+        AwsCredentials {
+            access_key_id: access_key_id.into(),
+            secret_access_key: ApiKey::new(secret_access_key),
+            session_token: None,
+        }
+    }
+
+    /// Adds a session token (temporary credentials).
+    #[must_use]
+    pub fn with_session_token(mut self, token: impl Into<String>) -> Self {
+        self.session_token = Some(ApiKey::new(token));
+        self
+    }
+
+    /// From the standard environment variables `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY` and (optional) `AWS_SESSION_TOKEN`.
+    pub fn from_env() -> Option<Self> {
+        let id = std::env::var("AWS_ACCESS_KEY_ID")
+            .ok()
+            .filter(|v| !v.is_empty())?;
+        let secret = ApiKey::from_env("AWS_SECRET_ACCESS_KEY")?;
+        Some(AwsCredentials {
+            access_key_id: id,
+            secret_access_key: secret,
+            session_token: ApiKey::from_env("AWS_SESSION_TOKEN"),
+        })
+    }
+}
+
+impl fmt::Debug for AwsCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AwsCredentials")
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &self.secret_access_key)
+            .field("session_token", &self.session_token)
+            .finish()
+    }
+}
+
+/// Settings of a [`Bedrock`] service.
+///
+/// ```
+/// use tower_llm_providers::{AwsCredentials, BedrockConfig};
+///
+/// let cfg = BedrockConfig::new(AwsCredentials::new("AKIDEXAMPLE", "secret"), "eu-west-1");
+/// assert_eq!(cfg.endpoint(), "https://bedrock-runtime.eu-west-1.amazonaws.com");
+/// assert!(!format!("{cfg:?}").contains("secret\""));
+/// ```
+#[derive(Debug, Clone)]
+pub struct BedrockConfig {
+    credentials: AwsCredentials,
+    region: Arc<str>,
+    endpoint: Arc<str>,
+    max_body: usize,
+    fixed_time: Option<SystemTime>,
+}
+
+impl BedrockConfig {
+    /// Bedrock Runtime in `region`.
+    pub fn new(credentials: AwsCredentials, region: &str) -> Self {
+        BedrockConfig {
+            credentials,
+            region: region.into(),
+            endpoint: format!("https://bedrock-runtime.{region}.amazonaws.com").into(),
+            max_body: DEFAULT_MAX_BODY,
+            fixed_time: None,
+        }
+    }
+
+    /// Another endpoint (a VPC endpoint, a test server). The signature
+    /// still names `region`.
+    #[must_use]
+    pub fn with_endpoint(mut self, endpoint: &str) -> Self {
+        self.endpoint = endpoint.trim_end_matches('/').into();
+        self
+    }
+
+    /// The largest response body read (default 16 MiB).
+    #[must_use]
+    pub fn with_max_body(mut self, max_body: usize) -> Self {
+        self.max_body = max_body;
+        self
+    }
+
+    /// Signs every request as if at `time` (for tests and known vectors).
+    #[must_use]
+    pub fn with_fixed_time(mut self, time: SystemTime) -> Self {
+        self.fixed_time = Some(time);
+        self
+    }
+
+    /// The endpoint.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The region.
+    pub fn region(&self) -> &str {
+        &self.region
+    }
+}
+
+/// AWS Bedrock Converse (`POST /model/{modelId}/converse`) as a
+/// `Service<ChatRequest>`, signed with SigV4 by the `aws-sigv4` crate (not
+/// the whole AWS SDK, which retries on its own).
+///
+/// Errors are classified by `x-amzn-ErrorType`: throttling is rate
+/// limited, service unavailable / internal / model not ready are
+/// transient, model timeout is a timeout, validation is a bad request (or
+/// context window exceeded when the input is too long), access denied is
+/// auth, resource not found is not found, service quota exceeded is quota
+/// exhausted.
+#[derive(Debug, Clone)]
+pub struct Bedrock<T> {
+    transport: T,
+    config: Arc<BedrockConfig>,
+}
+
+impl<T> Bedrock<T> {
+    /// A service sending through `transport`.
+    pub fn new(transport: T, config: BedrockConfig) -> Self {
+        Bedrock {
+            transport,
+            config: Arc::new(config),
+        }
+    }
+}
+
+impl<T, B> Service<ChatRequest> for Bedrock<T>
+where
+    T: Service<http::Request<RequestBody>, Response = http::Response<B>> + Clone + Send + 'static,
+    T::Future: Send + 'static,
+    T::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = ChatResponse;
+    type Error = Failure;
+    type Future = ProviderFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.transport
+            .poll_ready(cx)
+            .map_err(|e| Failure::from_error(e.into()).with_provider(PROVIDER))
+    }
+
+    fn call(&mut self, req: ChatRequest) -> Self::Future {
+        let clone = self.transport.clone();
+        let mut transport = std::mem::replace(&mut self.transport, clone);
+        let config = self.config.clone();
+        Box::pin(async move {
+            let http_req = signed_request(&config, &req)?;
+            let started = Instant::now();
+            let res = transport
+                .call(http_req)
+                .await
+                .map_err(|e| Failure::from_error(e.into()).with_provider(PROVIDER))?;
+            let (parts, body) = res.into_parts();
+            let bytes = read_body(body, config.max_body)
+                .await
+                .map_err(|f| f.with_provider(PROVIDER))?;
+            if !parts.status.is_success() {
+                return Err(decode_error(parts.status, &parts.headers, &bytes));
+            }
+            let request_id = parts
+                .headers
+                .get("x-amzn-requestid")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            decode(&bytes, request_id, &req.model, started.elapsed())
+                .map_err(|f| f.with_status(parts.status))
+        })
+    }
+}
+
+/// Characters kept as they are in a path segment (RFC 3986 unreserved).
+fn encode_path_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                out.push(char::from(b));
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// The Converse request for `req`, signed with SigV4.
+pub fn signed_request(
+    config: &BedrockConfig,
+    req: &ChatRequest,
+) -> Result<http::Request<RequestBody>, Failure> {
+    use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
+    use aws_sigv4::sign::v4;
+
+    let body = crate::to_json(PROVIDER, &encode(req)?)?;
+    let uri = format!(
+        "{}/model/{}/converse",
+        config.endpoint,
+        encode_path_segment(&req.model)
+    );
+    let mut http_req = http::Request::post(&uri)
+        .header(CONTENT_TYPE, "application/json")
+        .body(())
+        .map_err(|e| bad_request(format!("cannot build the request: {e}")))?;
+    let creds = aws_credential_types::Credentials::new(
+        &config.credentials.access_key_id,
+        config.credentials.secret_access_key.expose(),
+        config
+            .credentials
+            .session_token
+            .as_ref()
+            .map(|t| t.expose().to_owned()),
+        None,
+        "tower-llm",
+    );
+    let identity = creds.into();
+    let params = v4::SigningParams::builder()
+        .identity(&identity)
+        .region(&config.region)
+        .name("bedrock")
+        .time(config.fixed_time.unwrap_or_else(SystemTime::now))
+        .settings(SigningSettings::default())
+        .build()
+        .map_err(|e| bad_request(format!("cannot sign the request: {e}")))?
+        .into();
+    let headers: Vec<(&str, &str)> = http_req
+        .headers()
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?)))
+        .collect();
+    let signable = SignableRequest::new(
+        "POST",
+        uri.as_str(),
+        headers.into_iter(),
+        SignableBody::Bytes(&body),
+    )
+    .map_err(|e| bad_request(format!("cannot sign the request: {e}")))?;
+    let (instructions, _signature) = sign(signable, &params)
+        .map_err(|e| bad_request(format!("cannot sign the request: {e}")))?
+        .into_parts();
+    instructions.apply_to_request_http1x(&mut http_req);
+    Ok(http_req.map(|()| RequestBody::new(Bytes::from(body))))
+}
+
+fn bad_request(message: String) -> Failure {
+    Failure::new(FailureClass::BadRequest)
+        .with_provider(PROVIDER)
+        .with_message(message)
+}
+
+/// The Converse request body for `req`.
+///
+/// # Errors
+///
+/// An image given by URL: Converse takes image bytes only.
+pub fn encode(req: &ChatRequest) -> Result<Value, Failure> {
+    let system: Vec<Value> = req
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::System)
+        .map(|m| json!({"text": m.joined_text()}))
+        .collect();
+    let messages = req
+        .messages
+        .iter()
+        .filter(|m| m.role != Role::System)
+        .map(encode_message)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut body = json!({"messages": messages});
+    let obj = body.as_object_mut().expect("a JSON object literal");
+    if !system.is_empty() {
+        obj.insert("system".into(), Value::Array(system));
+    }
+    let mut inference = serde_json::Map::new();
+    if let Some(m) = req.max_tokens {
+        inference.insert("maxTokens".into(), json!(m));
+    }
+    if let Some(t) = req.temperature {
+        inference.insert("temperature".into(), json!(t));
+    }
+    if let Some(p) = req.top_p {
+        inference.insert("topP".into(), json!(p));
+    }
+    if !req.stop.is_empty() {
+        inference.insert("stopSequences".into(), json!(req.stop));
+    }
+    if !inference.is_empty() {
+        obj.insert("inferenceConfig".into(), Value::Object(inference));
+    }
+    if !req.tools.is_empty() {
+        let tools: Vec<Value> = req
+            .tools
+            .iter()
+            .map(|t| {
+                json!({"toolSpec": {"name": t.name, "description": t.description,
+                                    "inputSchema": {"json": t.parameters}}})
+            })
+            .collect();
+        let mut config = json!({"tools": tools});
+        if let Some(choice) = &req.tool_choice {
+            let choice = match choice {
+                ToolChoice::Auto | ToolChoice::None => json!({"auto": {}}),
+                ToolChoice::Required => json!({"any": {}}),
+                ToolChoice::Tool(name) => json!({"tool": {"name": name}}),
+            };
+            if let Some(c) = config.as_object_mut() {
+                c.insert("toolChoice".into(), choice);
+            }
+        }
+        obj.insert("toolConfig".into(), config);
+    }
+    Ok(body)
+}
+
+fn encode_message(m: &Message) -> Result<Value, Failure> {
+    if m.role == Role::Tool {
+        return Ok(json!({"role": "user", "content": [{"toolResult": {
+            "toolUseId": m.tool_call_id.as_deref().unwrap_or_default(),
+            "content": [{"text": m.joined_text()}],
+        }}]}));
+    }
+    let role = if m.role == Role::Assistant {
+        "assistant"
+    } else {
+        "user"
+    };
+    let mut blocks = Vec::with_capacity(m.content.len() + m.tool_calls.len());
+    for part in &m.content {
+        match part {
+            ContentPart::Text { text } => blocks.push(json!({"text": text})),
+            ContentPart::ImageUrl { .. } => {
+                return Err(bad_request(
+                    "Bedrock Converse takes image bytes, not image URLs".into(),
+                ));
+            }
+        }
+    }
+    for call in &m.tool_calls {
+        let input = serde_json::from_str::<Value>(&call.arguments)
+            .unwrap_or_else(|_| Value::String(call.arguments.clone()));
+        blocks.push(json!({"toolUse": {"toolUseId": call.id, "name": call.name, "input": input}}));
+    }
+    Ok(json!({"role": role, "content": blocks}))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireResponse {
+    output: WireOutput,
+    #[serde(default)]
+    stop_reason: Option<String>,
+    usage: WireUsage,
+}
+
+#[derive(Deserialize)]
+struct WireOutput {
+    message: WireMessage,
+}
+
+#[derive(Deserialize)]
+struct WireMessage {
+    content: Vec<WireBlock>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireBlock {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    tool_use: Option<WireToolUse>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireToolUse {
+    tool_use_id: String,
+    name: String,
+    #[serde(default)]
+    input: Value,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireUsage {
+    input_tokens: u32,
+    output_tokens: u32,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u32>,
+    #[serde(default)]
+    cache_write_input_tokens: Option<u32>,
+}
+
+/// Normalises a Converse response body. Converse has no response id: the
+/// `x-amzn-RequestId` header stands in. `prompt_tokens` counts every input
+/// token (uncached, cache reads and cache writes), as for Anthropic. A
+/// missing required field (`output`, `message`, `content`, `usage`) is an
+/// invalid-response failure naming it.
+pub fn decode(
+    body: &[u8],
+    request_id: &str,
+    model: &str,
+    latency: Duration,
+) -> Result<ChatResponse, Failure> {
+    let wire: WireResponse = serde_json::from_slice(body).map_err(|e| invalid(PROVIDER, e))?;
+    let mut text = String::new();
+    let mut tool_calls = Vec::new();
+    for block in wire.output.message.content {
+        if let Some(t) = block.text {
+            text.push_str(&t);
+        }
+        if let Some(t) = block.tool_use {
+            tool_calls.push(ToolCall {
+                id: t.tool_use_id,
+                name: t.name,
+                arguments: t.input.to_string(),
+            });
+        }
+    }
+    let cache_read = wire.usage.cache_read_input_tokens.unwrap_or(0);
+    let cache_write = wire.usage.cache_write_input_tokens.unwrap_or(0);
+    Ok(ChatResponse {
+        id: request_id.to_owned(),
+        model: model.to_owned(),
+        provider: PROVIDER.into(),
+        fallback_position: 0,
+        degraded: false,
+        choices: vec![Choice {
+            index: 0,
+            text,
+            tool_calls,
+            finish_reason: match wire.stop_reason.as_deref() {
+                Some("end_turn" | "stop_sequence") => FinishReason::Stop,
+                Some("max_tokens") => FinishReason::Length,
+                Some("tool_use") => FinishReason::ToolCalls,
+                Some("guardrail_intervened" | "content_filtered") => FinishReason::ContentFilter,
+                _ => FinishReason::Other,
+            },
+        }],
+        usage: Usage {
+            prompt_tokens: wire
+                .usage
+                .input_tokens
+                .saturating_add(cache_read)
+                .saturating_add(cache_write),
+            completion_tokens: wire.usage.output_tokens,
+            cached_input_tokens: cache_read,
+        },
+        latency,
+        attempts: Vec::new(),
+    })
+}
+
+#[derive(Deserialize, Default)]
+struct WireError<'a> {
+    #[serde(borrow, default, alias = "Message")]
+    message: Option<&'a str>,
+    #[serde(borrow, default, rename = "__type")]
+    kind: Option<&'a str>,
+}
+
+/// The AWS error name: the `x-amzn-ErrorType` header (or the body's
+/// `__type`), up to its first `:` (and after any `#` namespace).
+fn error_name<'a>(headers: &'a HeaderMap, body_kind: Option<&'a str>) -> Option<&'a str> {
+    let raw = headers
+        .get("x-amzn-errortype")
+        .and_then(|v| v.to_str().ok())
+        .or(body_kind)?;
+    let name = raw.split(':').next().unwrap_or(raw);
+    Some(name.rsplit('#').next().unwrap_or(name).trim())
+}
+
+/// Classifies a Bedrock error answer (a non-2xx status with its headers and
+/// body). Garbage leaves the status's class.
+pub fn decode_error(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Failure {
+    let e: WireError<'_> = serde_json::from_slice(body).unwrap_or_default();
+    let name = error_name(headers, e.kind);
+    let parsed = ErrorBody {
+        kind: name,
+        code: None,
+        message: e.message,
+    };
+    error_failure(PROVIDER, status, headers, &parsed, |class, b| {
+        let message = b.message.unwrap_or_default().to_ascii_lowercase();
+        match b.kind {
+            Some("ThrottlingException") => FailureClass::RateLimited,
+            Some(
+                "ServiceUnavailableException"
+                | "InternalServerException"
+                | "ModelNotReadyException"
+                | "ModelErrorException",
+            ) => FailureClass::Transient,
+            Some("ModelTimeoutException") => FailureClass::Timeout,
+            Some("ValidationException")
+                if message.contains("too long")
+                    || message.contains("too many input tokens")
+                    || message.contains("context length") =>
+            {
+                FailureClass::ContextWindowExceeded
+            }
+            Some("ValidationException") => FailureClass::BadRequest,
+            Some(
+                "AccessDeniedException" | "UnrecognizedClientException" | "ExpiredTokenException",
+            ) => FailureClass::Auth,
+            Some("ResourceNotFoundException") => FailureClass::NotFound,
+            Some("ServiceQuotaExceededException") => FailureClass::QuotaExhausted,
+            _ => class,
+        }
+    })
+}
