@@ -98,8 +98,8 @@ pub mod fallback {
 pub mod providers {
     pub use tower_llm_providers::{
         Anthropic, AnthropicConfig, ApiKey, AwsCredentials, Bedrock, BedrockConfig,
-        DEFAULT_MAX_BODY, MAX_MESSAGE, OpenAi, OpenAiConfig, ProviderFuture, RequestBody,
-        anthropic, bedrock, openai,
+        DEFAULT_MAX_BODY, MAX_MESSAGE, OpenAi, OpenAiConfig, OpenAiEmbeddings, ProviderFuture,
+        RequestBody, anthropic, bedrock, openai,
     };
 }
 

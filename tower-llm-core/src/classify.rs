@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, StatusCode};
 
-use crate::{ChatResponse, Failure, FailureClass};
+#[cfg(doc)]
+use crate::ChatResponse;
+use crate::{Failure, FailureClass};
 
 /// The header providers use to say whether a failed request is worth
 /// retrying (Anthropic, some OpenAI-compatible servers).
@@ -105,13 +107,15 @@ where
     }
 }
 
-/// The default classifier for typed chat calls: `Ok` is success, `Err` is
-/// the [`Failure`]'s own classification.
+/// The default classifier for typed calls ([`ChatResponse`],
+/// [`EmbeddingResponse`](crate::EmbeddingResponse), or any response type
+/// whose failures are `Err`s): `Ok` is success, `Err` is the [`Failure`]'s
+/// own classification.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ChatClassifier;
 
-impl Classify<ChatResponse, Failure> for ChatClassifier {
-    fn classify(&self, result: &Result<ChatResponse, Failure>) -> Outcome {
+impl<Res> Classify<Res, Failure> for ChatClassifier {
+    fn classify(&self, result: &Result<Res, Failure>) -> Outcome {
         match result {
             Ok(_) => Outcome::Success { http_status: None },
             Err(f) => Outcome::Failure(f.classified()),
@@ -194,7 +198,7 @@ pub fn should_retry(headers: &HeaderMap) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::FailurePolicy;
+    use crate::{ChatResponse, FailurePolicy};
 
     fn class_of(code: u16) -> Option<FailureClass> {
         let status = StatusCode::from_u16(code).expect("valid status");

@@ -46,6 +46,7 @@ mod chat;
 mod class;
 mod classify;
 mod deadline;
+mod embed;
 mod error;
 mod extensions;
 mod link;
@@ -68,6 +69,7 @@ pub use classify::{
     should_retry,
 };
 pub use deadline::Deadline;
+pub use embed::{EmbeddingRequest, EmbeddingResponse};
 pub use error::{BoxError, Failure};
 pub use extensions::HasExtensions;
 pub use link::Link;

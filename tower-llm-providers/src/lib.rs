@@ -43,7 +43,10 @@
 //!
 //! # Not yet here
 //!
-//! Embeddings, a default hyper-util + rustls transport, and the `mock`
+//! OpenAI embeddings are [`OpenAiEmbeddings`] (`EmbeddingRequest` →
+//! `EmbeddingResponse`, the same layers apply).
+//!
+//! A default hyper-util + rustls transport, and the `mock`
 //! feature's `ScriptedProvider` / `MockServer` come with the rest of the
 //! providers issue.
 //!
@@ -64,7 +67,7 @@ mod transport;
 
 pub use anthropic::{Anthropic, AnthropicConfig};
 pub use bedrock::{AwsCredentials, Bedrock, BedrockConfig};
-pub use openai::{OpenAi, OpenAiConfig};
+pub use openai::{OpenAi, OpenAiConfig, OpenAiEmbeddings};
 pub use secret::ApiKey;
 pub use transport::{DEFAULT_MAX_BODY, MAX_MESSAGE, RequestBody};
 

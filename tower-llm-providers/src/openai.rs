@@ -11,8 +11,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use tower_llm_core::{
-    BoxError, ChatRequest, ChatResponse, Choice, ContentPart, Failure, FailureClass, FinishReason,
-    Message, Role, ToolCall, ToolChoice, Usage,
+    BoxError, ChatRequest, ChatResponse, Choice, ContentPart, EmbeddingRequest, EmbeddingResponse,
+    Failure, FailureClass, FinishReason, Message, Role, ToolCall, ToolChoice, Usage,
 };
 use tower_service::Service;
 
@@ -387,5 +387,128 @@ pub fn decode_error(status: http::StatusCode, headers: &http::HeaderMap, body: &
         } else {
             class
         }
+    })
+}
+
+/// OpenAI Embeddings (`POST {base_url}/embeddings`) as a
+/// `Service<EmbeddingRequest>`, with the same settings, transport and error
+/// classification as [`OpenAi`].
+#[derive(Debug, Clone)]
+pub struct OpenAiEmbeddings<T> {
+    transport: T,
+    config: Arc<OpenAiConfig>,
+}
+
+impl<T> OpenAiEmbeddings<T> {
+    /// A service sending through `transport`.
+    pub fn new(transport: T, config: OpenAiConfig) -> Self {
+        OpenAiEmbeddings {
+            transport,
+            config: Arc::new(config),
+        }
+    }
+}
+
+impl<T, B> Service<EmbeddingRequest> for OpenAiEmbeddings<T>
+where
+    T: Service<http::Request<RequestBody>, Response = http::Response<B>> + Clone + Send + 'static,
+    T::Future: Send + 'static,
+    T::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = EmbeddingResponse;
+    type Error = Failure;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<EmbeddingResponse, Failure>> + Send>,
+    >;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.transport
+            .poll_ready(cx)
+            .map_err(|e| Failure::from_error(e.into()).with_provider(PROVIDER))
+    }
+
+    fn call(&mut self, req: EmbeddingRequest) -> Self::Future {
+        let clone = self.transport.clone();
+        let mut transport = std::mem::replace(&mut self.transport, clone);
+        let config = self.config.clone();
+        Box::pin(async move {
+            let mut body =
+                json!({"model": req.model, "input": req.input, "encoding_format": "float"});
+            if let (Some(d), Some(obj)) = (req.dimensions, body.as_object_mut()) {
+                obj.insert("dimensions".into(), json!(d));
+            }
+            let body = crate::to_json(PROVIDER, &body)?;
+            let http_req = http::Request::post(format!("{}/embeddings", config.base_url))
+                .header(CONTENT_TYPE, "application/json")
+                .header(AUTHORIZATION, format!("Bearer {}", config.api_key.expose()))
+                .body(RequestBody::new(Bytes::from(body)))
+                .map_err(|e| {
+                    Failure::new(FailureClass::BadRequest)
+                        .with_provider(PROVIDER)
+                        .with_message(format!("cannot build the request: {e}"))
+                })?;
+            let started = Instant::now();
+            let res = transport
+                .call(http_req)
+                .await
+                .map_err(|e| Failure::from_error(e.into()).with_provider(PROVIDER))?;
+            let (parts, body) = res.into_parts();
+            let bytes = read_body(body, config.max_body)
+                .await
+                .map_err(|f| f.with_provider(PROVIDER))?;
+            if !parts.status.is_success() {
+                return Err(decode_error(parts.status, &parts.headers, &bytes));
+            }
+            decode_embeddings(&bytes, started.elapsed()).map_err(|f| f.with_status(parts.status))
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct WireEmbeddings {
+    model: String,
+    data: Vec<WireEmbedding>,
+    #[serde(default)]
+    usage: Option<WireEmbeddingUsage>,
+}
+
+#[derive(Deserialize)]
+struct WireEmbedding {
+    index: usize,
+    embedding: Vec<f32>,
+}
+
+#[derive(Deserialize)]
+struct WireEmbeddingUsage {
+    #[serde(default)]
+    prompt_tokens: u32,
+}
+
+/// Normalises an Embeddings response body: vectors in input order (by
+/// their `index`); a missing or duplicate index is an invalid response.
+pub fn decode_embeddings(body: &[u8], latency: Duration) -> Result<EmbeddingResponse, Failure> {
+    let wire: WireEmbeddings = serde_json::from_slice(body).map_err(|e| invalid(PROVIDER, e))?;
+    let n = wire.data.len();
+    let mut embeddings: Vec<Option<Vec<f32>>> = vec![None; n];
+    for item in wire.data {
+        match embeddings.get_mut(item.index) {
+            Some(slot @ None) => *slot = Some(item.embedding),
+            _ => {
+                return Err(invalid(
+                    PROVIDER,
+                    format!("bad or duplicate `index` {}", item.index),
+                ));
+            }
+        }
+    }
+    Ok(EmbeddingResponse {
+        model: wire.model,
+        provider: PROVIDER.into(),
+        embeddings: embeddings.into_iter().flatten().collect(),
+        prompt_tokens: wire.usage.map_or(0, |u| u.prompt_tokens),
+        latency,
+        attempts: Vec::new(),
     })
 }

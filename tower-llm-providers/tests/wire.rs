@@ -432,3 +432,51 @@ async fn http_errors_bodies_and_connections() {
     );
     assert!(svc.oneshot(chat()).await.expect_err("reset").is_transient());
 }
+
+#[test]
+fn embeddings_normalise_in_input_order() {
+    let body = br#"{"object":"list","model":"text-embedding-3-small","data":[
+        {"object":"embedding","index":1,"embedding":[0.5,-1.0]},
+        {"object":"embedding","index":0,"embedding":[0.25,0.75]}],
+        "usage":{"prompt_tokens":4,"total_tokens":4}}"#;
+    let r = openai::decode_embeddings(body, Duration::ZERO).expect("ok");
+    assert_eq!(r.embeddings, vec![vec![0.25, 0.75], vec![0.5, -1.0]]);
+    assert_eq!(r.prompt_tokens, 4);
+    let dup = br#"{"model":"m","data":[{"index":0,"embedding":[1]},{"index":0,"embedding":[2]}]}"#;
+    assert!(
+        openai::decode_embeddings(dup, Duration::ZERO)
+            .expect_err("dup")
+            .is_invalid_response()
+    );
+    let gap = br#"{"model":"m","data":[{"index":5,"embedding":[1]}]}"#;
+    assert!(openai::decode_embeddings(gap, Duration::ZERO).is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn embeddings_over_real_http_behind_the_retry_layer() {
+    let addr = server(
+        200,
+        br#"{"model":"text-embedding-3-small","data":[{"index":0,"embedding":[0.1,0.2,0.3]}],"usage":{"prompt_tokens":2}}"#.to_vec(),
+        |req| req.uri().path() == "/v1/embeddings",
+    )
+    .await;
+    let svc = tower::ServiceBuilder::new()
+        .layer(tower_llm_retry_layer())
+        .service(tower_llm_providers::OpenAiEmbeddings::new(
+            client(),
+            OpenAiConfig::new(ApiKey::new("k")).with_base_url(&format!("http://{addr}/v1")),
+        ));
+    let res = svc
+        .oneshot(tower_llm_core::EmbeddingRequest::new(
+            "text-embedding-3-small",
+            vec!["hi".into()],
+        ))
+        .await
+        .expect("ok");
+    assert_eq!(res.embeddings, vec![vec![0.1, 0.2, 0.3]]);
+    assert_eq!(res.attempts.len(), 1);
+}
+
+fn tower_llm_retry_layer() -> tower_llm_retry::RetryLayer {
+    tower_llm_retry::RetryLayer::new()
+}
