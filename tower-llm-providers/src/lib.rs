@@ -46,13 +46,14 @@
 //! OpenAI embeddings are [`OpenAiEmbeddings`] (`EmbeddingRequest` →
 //! `EmbeddingResponse`, the same layers apply).
 //!
-//! A default hyper-util + rustls transport, and the `mock`
-//! feature's `ScriptedProvider` / `MockServer` come with the rest of the
+//! A default hyper-util + rustls transport comes with the rest of the
 //! providers issue.
 //!
 //! # Feature flags
 //!
-//! None yet.
+//! - `mock`: test doubles, [`mock::ScriptedTransport`] (in-process, virtual
+//!   time) and [`mock::MockServer`] (real loopback HTTP with scripted
+//!   faults). Off by default.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -61,6 +62,8 @@ use tower_llm_core::{ChatResponse, Failure, FailureClass};
 
 pub mod anthropic;
 pub mod bedrock;
+#[cfg(feature = "mock")]
+pub mod mock;
 pub mod openai;
 mod secret;
 mod transport;
