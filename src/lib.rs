@@ -17,7 +17,7 @@
 //! Available today: the shared vocabulary (re-exported at this crate's
 //! root from [`tower_llm_core`]), the [`deadline`], [`fallback`], [`retry`]
 //! and [`breaker`] layers, and the OpenAI, Anthropic and Bedrock
-//! [`providers`] (embeddings and a default transport come next).
+//! [`providers`] with a default rustls transport.
 //!
 //! ```
 //! use std::time::Duration;

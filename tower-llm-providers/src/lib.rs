@@ -46,11 +46,12 @@
 //! OpenAI embeddings are [`OpenAiEmbeddings`] (`EmbeddingRequest` →
 //! `EmbeddingResponse`, the same layers apply).
 //!
-//! A default hyper-util + rustls transport comes with the rest of the
-//! providers issue.
-//!
 //! # Feature flags
 //!
+//! - `https` (default): [`https::shared_client`], the default transport, a
+//!   pooled hyper-util client over rustls (`ring`, webpki roots), and
+//!   [`https::client_with_connect_timeout`] for a provider that needs its
+//!   own connect timeout (at the cost of its own pool).
 //! - `mock`: test doubles, [`mock::ScriptedTransport`] (in-process, virtual
 //!   time) and [`mock::MockServer`] (real loopback HTTP with scripted
 //!   faults). Off by default.
@@ -62,6 +63,8 @@ use tower_llm_core::{ChatResponse, Failure, FailureClass};
 
 pub mod anthropic;
 pub mod bedrock;
+#[cfg(feature = "https")]
+pub mod https;
 #[cfg(feature = "mock")]
 pub mod mock;
 pub mod openai;

@@ -157,3 +157,24 @@ async fn sse_replies_carry_the_event_stream_content_type() {
         .to_bytes();
     assert_eq!(&body[..], b"data: {\"x\":1}\n\ndata: [DONE]\n\n");
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_default_transport_speaks_plain_http_to_local_servers() {
+    let server = MockServer::start(Reply::openai_text("via the default transport"))
+        .await
+        .expect("server");
+    let svc = OpenAi::new(
+        tower_llm_providers::https::shared_client(),
+        OpenAiConfig::new(ApiKey::new("k")).with_base_url(&format!("{}/v1", server.url())),
+    );
+    let res = svc.oneshot(chat()).await.expect("ok");
+    assert_eq!(res.text(), "via the default transport");
+    // A reset is not re-sent by the transport: one request, one failure.
+    server.push(Reply::Reset);
+    let svc = OpenAi::new(
+        tower_llm_providers::https::client_with_connect_timeout(Duration::from_secs(1)),
+        OpenAiConfig::new(ApiKey::new("k")).with_base_url(&format!("{}/v1", server.url())),
+    );
+    assert!(svc.oneshot(chat()).await.expect_err("reset").is_transient());
+    assert_eq!(server.received().len(), 2);
+}
