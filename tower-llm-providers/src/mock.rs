@@ -204,7 +204,28 @@ impl ScriptedTransport {
     pub fn received(&self) -> Vec<Recorded> {
         lock(&self.script).received.clone()
     }
+
+    /// An OpenAI-format provider over this transport (key `mock`).
+    pub fn openai(&self) -> ScriptedProvider {
+        crate::OpenAi::new(
+            self.clone(),
+            crate::OpenAiConfig::new(crate::ApiKey::new("mock")),
+        )
+    }
+
+    /// An Anthropic-format provider over this transport (key `mock`).
+    pub fn anthropic(&self) -> crate::Anthropic<ScriptedTransport> {
+        crate::Anthropic::new(
+            self.clone(),
+            crate::AnthropicConfig::new(crate::ApiKey::new("mock")),
+        )
+    }
 }
+
+/// An in-process provider playing a script: OpenAI's wire format over a
+/// [`ScriptedTransport`], so encoding, decoding and error classification
+/// all run for real. Build one with [`ScriptedTransport::openai`].
+pub type ScriptedProvider = crate::OpenAi<ScriptedTransport>;
 
 /// The response body of the doubles.
 #[derive(Debug)]

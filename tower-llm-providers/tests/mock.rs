@@ -178,3 +178,67 @@ async fn the_default_transport_speaks_plain_http_to_local_servers() {
     assert!(svc.oneshot(chat()).await.expect_err("reset").is_transient());
     assert_eq!(server.received().len(), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn bedrock_round_trip_against_the_mock_server() {
+    let body = r#"{"output":{"message":{"role":"assistant","content":[{"text":"hola"}]}},"stopReason":"end_turn","usage":{"inputTokens":3,"outputTokens":1,"totalTokens":4}}"#;
+    let server = MockServer::start(Reply::json(200, body).with_header("x-amzn-RequestId", "r-1"))
+        .await
+        .expect("server");
+    server.push(
+        Reply::json(
+            429,
+            r#"{"message":"Too many tokens, please wait before trying again."}"#,
+        )
+        .with_header(
+            "x-amzn-ErrorType",
+            "ThrottlingException:http://internal.amazon.com/coral/com.amazon.bedrock/",
+        ),
+    );
+    let client: Client<_, RequestBody> = Client::builder(TokioExecutor::new()).build_http();
+    let svc = tower_llm_providers::Bedrock::new(
+        client,
+        tower_llm_providers::BedrockConfig::new(
+            tower_llm_providers::AwsCredentials::new("AKIDEXAMPLE", "secret"),
+            "us-east-1",
+        )
+        .with_endpoint(&server.url()),
+    );
+    let req = || ChatRequest::new("amazon.nova-micro-v1:0", vec![Message::user("hola")]);
+    assert!(
+        svc.clone()
+            .oneshot(req())
+            .await
+            .expect_err("throttled")
+            .is_rate_limited()
+    );
+    let res = svc.oneshot(req()).await.expect("ok");
+    assert_eq!((res.id.as_str(), res.text()), ("r-1", "hola"));
+    let received = server.received();
+    assert_eq!(received[1].path, "/model/amazon.nova-micro-v1%3A0/converse");
+    let auth = received[1].headers["authorization"]
+        .to_str()
+        .expect("ascii");
+    assert!(
+        auth.starts_with("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/"),
+        "{auth}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_scripted_provider_records_what_it_received() {
+    let transport = ScriptedTransport::new(Reply::anthropic_text("ok"));
+    let provider = transport.anthropic();
+    provider
+        .oneshot(ChatRequest::new(
+            "claude",
+            vec![Message::system("sys"), Message::user("u")],
+        ))
+        .await
+        .expect("ok");
+    let sent: serde_json::Value =
+        serde_json::from_slice(&transport.received()[0].body).expect("json");
+    assert_eq!(sent["system"], "sys");
+    assert_eq!(sent["messages"][0]["content"][0]["text"], "u");
+    assert_eq!(sent["max_tokens"], 4096);
+}
