@@ -17,8 +17,9 @@ use tower_llm_core::{
 use tower_service::Service;
 
 use crate::transport::{
-    DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure, invalid, read_body,
+    DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure_scrubbed, invalid, read_body,
 };
+use crate::wire::{data_url, merge_turns, secret_header, tool_input, tool_schema};
 use crate::{ApiKey, ProviderFuture};
 
 const PROVIDER: &str = "anthropic";
@@ -134,7 +135,10 @@ where
             let body = crate::to_json(PROVIDER, &encode(&req))?;
             let http_req = http::Request::post(format!("{}/v1/messages", config.base_url))
                 .header(CONTENT_TYPE, "application/json")
-                .header("x-api-key", config.api_key.expose())
+                .header(
+                    "x-api-key",
+                    secret_header(PROVIDER, config.api_key.expose())?,
+                )
                 .header("anthropic-version", &*config.version)
                 .body(RequestBody::new(Bytes::from(body)))
                 .map_err(|e| {
@@ -152,7 +156,12 @@ where
                 .await
                 .map_err(|f| f.with_provider(PROVIDER))?;
             if !parts.status.is_success() {
-                return Err(decode_error(parts.status, &parts.headers, &bytes));
+                return Err(decode_error_scrubbed(
+                    parts.status,
+                    &parts.headers,
+                    &bytes,
+                    Some(config.api_key.expose()),
+                ));
             }
             decode(&bytes, started.elapsed()).map_err(|f| f.with_status(parts.status))
         })
@@ -167,12 +176,14 @@ pub fn encode(req: &ChatRequest) -> Value {
         .filter(|m| m.role == Role::System)
         .map(Message::joined_text)
         .collect();
-    let messages: Vec<Value> = req
-        .messages
-        .iter()
-        .filter(|m| m.role != Role::System)
-        .map(encode_message)
-        .collect();
+    let messages: Vec<Value> = merge_turns(
+        req.messages
+            .iter()
+            .filter(|m| m.role != Role::System)
+            .map(encode_message)
+            .collect(),
+        |b| b.get("type").and_then(Value::as_str) == Some("tool_result"),
+    );
     let mut body = json!({
         "model": req.model,
         "max_tokens": req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
@@ -189,8 +200,12 @@ pub fn encode(req: &ChatRequest) -> Value {
             req.tools
                 .iter()
                 .map(|t| {
-                    json!({"name": t.name, "description": t.description,
-                           "input_schema": t.parameters})
+                    let mut tool =
+                        json!({"name": t.name, "input_schema": tool_schema(&t.parameters)});
+                    if let (Some(d), Some(o)) = (&t.description, tool.as_object_mut()) {
+                        o.insert("description".into(), json!(d));
+                    }
+                    tool
                 })
                 .collect(),
         );
@@ -234,18 +249,21 @@ fn encode_message(m: &Message) -> Value {
     let mut blocks: Vec<Value> = m
         .content
         .iter()
-        .map(|p| match p {
-            ContentPart::Text { text } => json!({"type": "text", "text": text}),
-            ContentPart::ImageUrl { url } => {
-                json!({"type": "image", "source": {"type": "url", "url": url}})
-            }
+        .filter_map(|p| match p {
+            // Empty text blocks are rejected (an assistant tool-call turn
+            // usually has no text).
+            ContentPart::Text { text } if text.is_empty() => None,
+            ContentPart::Text { text } => Some(json!({"type": "text", "text": text})),
+            ContentPart::ImageUrl { url } => Some(match data_url(url) {
+                Some((media_type, data)) => json!({"type": "image", "source":
+                    {"type": "base64", "media_type": media_type, "data": data}}),
+                None => json!({"type": "image", "source": {"type": "url", "url": url}}),
+            }),
         })
         .collect();
     for call in &m.tool_calls {
-        // The model's arguments are JSON text; pass anything else as a string.
-        let input = serde_json::from_str::<Value>(&call.arguments)
-            .unwrap_or_else(|_| Value::String(call.arguments.clone()));
-        blocks.push(json!({"type": "tool_use", "id": call.id, "name": call.name, "input": input}));
+        blocks.push(json!({"type": "tool_use", "id": call.id, "name": call.name,
+                           "input": tool_input(&call.arguments)}));
     }
     json!({"role": role, "content": blocks})
 }
@@ -356,6 +374,17 @@ struct WireError<'a> {
 /// Classifies an Anthropic error answer (a non-2xx status with its headers
 /// and body). The body is read leniently: garbage leaves the status's class.
 pub fn decode_error(status: http::StatusCode, headers: &http::HeaderMap, body: &[u8]) -> Failure {
+    decode_error_scrubbed(status, headers, body, None)
+}
+
+/// As [`decode_error`], removing `secret` (the API key sent) from the
+/// provider's message.
+fn decode_error_scrubbed(
+    status: http::StatusCode,
+    headers: &http::HeaderMap,
+    body: &[u8],
+    secret: Option<&str>,
+) -> Failure {
     let envelope: WireErrorEnvelope<'_> = serde_json::from_slice(body).unwrap_or_default();
     let e = envelope.error.unwrap_or_default();
     let parsed = ErrorBody {
@@ -363,9 +392,12 @@ pub fn decode_error(status: http::StatusCode, headers: &http::HeaderMap, body: &
         code: None,
         message: e.message,
     };
-    error_failure(PROVIDER, status, headers, &parsed, |class, b| {
+    error_failure_scrubbed(PROVIDER, status, headers, &parsed, secret, |class, b| {
         let message = b.message.unwrap_or_default();
-        if message.contains("credit balance") || message.contains("usage limit") {
+        if message.contains("credit balance")
+            || message.contains("usage limit")
+            || message.contains("Extra usage is required")
+        {
             FailureClass::QuotaExhausted
         } else if message.contains("prompt is too long") {
             FailureClass::ContextWindowExceeded

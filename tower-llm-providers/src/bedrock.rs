@@ -21,6 +21,7 @@ use tower_service::Service;
 use crate::transport::{
     DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure, invalid, read_body,
 };
+use crate::wire::{data_url, merge_turns, tool_input, tool_schema};
 use crate::{ApiKey, ProviderFuture};
 
 const PROVIDER: &str = "bedrock";
@@ -302,12 +303,14 @@ pub fn encode(req: &ChatRequest) -> Result<Value, Failure> {
         .filter(|m| m.role == Role::System)
         .map(|m| json!({"text": m.joined_text()}))
         .collect();
-    let messages = req
-        .messages
-        .iter()
-        .filter(|m| m.role != Role::System)
-        .map(encode_message)
-        .collect::<Result<Vec<_>, _>>()?;
+    let messages = merge_turns(
+        req.messages
+            .iter()
+            .filter(|m| m.role != Role::System)
+            .map(encode_message)
+            .collect::<Result<Vec<_>, _>>()?,
+        |b| b.get("toolResult").is_some(),
+    );
     let mut body = json!({"messages": messages});
     let obj = body.as_object_mut().expect("a JSON object literal");
     if !system.is_empty() {
@@ -329,13 +332,18 @@ pub fn encode(req: &ChatRequest) -> Result<Value, Failure> {
     if !inference.is_empty() {
         obj.insert("inferenceConfig".into(), Value::Object(inference));
     }
-    if !req.tools.is_empty() {
+    // Converse has no "none" tool choice: no tools are offered then.
+    if !req.tools.is_empty() && req.tool_choice != Some(ToolChoice::None) {
         let tools: Vec<Value> = req
             .tools
             .iter()
             .map(|t| {
-                json!({"toolSpec": {"name": t.name, "description": t.description,
-                                    "inputSchema": {"json": t.parameters}}})
+                let mut spec =
+                    json!({"name": t.name, "inputSchema": {"json": tool_schema(&t.parameters)}});
+                if let (Some(d), Some(o)) = (&t.description, spec.as_object_mut()) {
+                    o.insert("description".into(), json!(d));
+                }
+                json!({"toolSpec": spec})
             })
             .collect();
         let mut config = json!({"tools": tools});
@@ -369,18 +377,36 @@ fn encode_message(m: &Message) -> Result<Value, Failure> {
     let mut blocks = Vec::with_capacity(m.content.len() + m.tool_calls.len());
     for part in &m.content {
         match part {
+            // Empty text blocks are rejected.
+            ContentPart::Text { text } if text.is_empty() => {}
             ContentPart::Text { text } => blocks.push(json!({"text": text})),
-            ContentPart::ImageUrl { .. } => {
-                return Err(bad_request(
-                    "Bedrock Converse takes image bytes, not image URLs".into(),
-                ));
+            ContentPart::ImageUrl { url } => {
+                let format = data_url(url).and_then(|(media, data)| {
+                    let format = match media {
+                        "image/png" => "png",
+                        "image/jpeg" | "image/jpg" => "jpeg",
+                        "image/gif" => "gif",
+                        "image/webp" => "webp",
+                        _ => return None,
+                    };
+                    Some((format, data))
+                });
+                match format {
+                    Some((format, data)) => {
+                        blocks.push(json!({"image": {"format": format, "source": {"bytes": data}}}))
+                    }
+                    None => {
+                        return Err(bad_request(
+                            "Bedrock Converse takes image bytes (a base64 `data:` URL of a png, jpeg, gif or webp), not image links".into(),
+                        ));
+                    }
+                }
             }
         }
     }
     for call in &m.tool_calls {
-        let input = serde_json::from_str::<Value>(&call.arguments)
-            .unwrap_or_else(|_| Value::String(call.arguments.clone()));
-        blocks.push(json!({"toolUse": {"toolUseId": call.id, "name": call.name, "input": input}}));
+        blocks.push(json!({"toolUse": {"toolUseId": call.id, "name": call.name,
+                                       "input": tool_input(&call.arguments)}}));
     }
     Ok(json!({"role": role, "content": blocks}))
 }
@@ -534,7 +560,8 @@ pub fn decode_error(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Fai
             ) => FailureClass::Transient,
             Some("ModelTimeoutException") => FailureClass::Timeout,
             Some("ValidationException")
-                if message.contains("too long")
+                if message.contains("input is too long")
+                    || message.contains("prompt is too long")
                     || message.contains("too many input tokens")
                     || message.contains("context length") =>
             {

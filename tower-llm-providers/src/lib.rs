@@ -70,6 +70,7 @@ pub mod mock;
 pub mod openai;
 mod secret;
 mod transport;
+mod wire;
 
 pub use anthropic::{Anthropic, AnthropicConfig};
 pub use bedrock::{AwsCredentials, Bedrock, BedrockConfig};

@@ -17,8 +17,9 @@ use tower_llm_core::{
 use tower_service::Service;
 
 use crate::transport::{
-    DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure, invalid, read_body,
+    DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure_scrubbed, invalid, read_body,
 };
+use crate::wire::{secret_header, tool_schema};
 use crate::{ApiKey, ProviderFuture};
 
 const PROVIDER: &str = "openai";
@@ -43,6 +44,7 @@ pub struct OpenAiConfig {
     api_key: ApiKey,
     base_url: Arc<str>,
     max_body: usize,
+    max_completion_tokens: bool,
 }
 
 impl OpenAiConfig {
@@ -52,7 +54,17 @@ impl OpenAiConfig {
             api_key,
             base_url: "https://api.openai.com/v1".into(),
             max_body: DEFAULT_MAX_BODY,
+            max_completion_tokens: false,
         }
+    }
+
+    /// Send `max_tokens` as `max_completion_tokens`, as OpenAI's o-series
+    /// and gpt-5 models require (compatible servers mostly want
+    /// `max_tokens`, the default).
+    #[must_use]
+    pub fn with_max_completion_tokens(mut self, on: bool) -> Self {
+        self.max_completion_tokens = on;
+        self
     }
 
     /// Another OpenAI-compatible server (no trailing slash needed).
@@ -122,10 +134,13 @@ where
         let mut transport = std::mem::replace(&mut self.transport, clone);
         let config = self.config.clone();
         Box::pin(async move {
-            let body = crate::to_json(PROVIDER, &encode(&req))?;
+            let body = crate::to_json(PROVIDER, &encode_with(&req, config.max_completion_tokens))?;
             let http_req = http::Request::post(format!("{}/chat/completions", config.base_url))
                 .header(CONTENT_TYPE, "application/json")
-                .header(AUTHORIZATION, format!("Bearer {}", config.api_key.expose()))
+                .header(
+                    AUTHORIZATION,
+                    secret_header(PROVIDER, &format!("Bearer {}", config.api_key.expose()))?,
+                )
                 .body(RequestBody::new(Bytes::from(body)))
                 .map_err(|e| {
                     Failure::new(FailureClass::BadRequest)
@@ -142,15 +157,26 @@ where
                 .await
                 .map_err(|f| f.with_provider(PROVIDER))?;
             if !parts.status.is_success() {
-                return Err(decode_error(parts.status, &parts.headers, &bytes));
+                return Err(decode_error_scrubbed(
+                    parts.status,
+                    &parts.headers,
+                    &bytes,
+                    Some(config.api_key.expose()),
+                ));
             }
             decode(&bytes, started.elapsed()).map_err(|f| f.with_status(parts.status))
         })
     }
 }
 
-/// The Chat Completions request body for `req`.
+/// The Chat Completions request body for `req` (`max_tokens` as is).
 pub fn encode(req: &ChatRequest) -> Value {
+    encode_with(req, false)
+}
+
+/// The Chat Completions request body for `req`, sending `max_tokens` as
+/// `max_completion_tokens` when `max_completion_tokens` is set.
+pub fn encode_with(req: &ChatRequest, max_completion_tokens: bool) -> Value {
     let mut body = json!({
         "model": req.model,
         "messages": req.messages.iter().map(encode_message).collect::<Vec<_>>(),
@@ -163,11 +189,12 @@ pub fn encode(req: &ChatRequest) -> Value {
             req.tools
                 .iter()
                 .map(|t| {
-                    json!({"type": "function", "function": {
-                        "name": t.name,
-                        "description": t.description,
-                        "parameters": t.parameters,
-                    }})
+                    let mut function =
+                        json!({"name": t.name, "parameters": tool_schema(&t.parameters)});
+                    if let (Some(d), Some(f)) = (&t.description, function.as_object_mut()) {
+                        f.insert("description".into(), json!(d));
+                    }
+                    json!({"type": "function", "function": function})
                 })
                 .collect(),
         );
@@ -190,7 +217,12 @@ pub fn encode(req: &ChatRequest) -> Value {
         obj.insert("top_p".into(), json!(p));
     }
     if let Some(m) = req.max_tokens {
-        obj.insert("max_tokens".into(), json!(m));
+        let field = if max_completion_tokens {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        obj.insert(field.into(), json!(m));
     }
     if !req.stop.is_empty() {
         obj.insert("stop".into(), json!(req.stop));
@@ -265,7 +297,9 @@ struct WireMessage {
     #[serde(default)]
     content: Option<String>,
     #[serde(default)]
-    tool_calls: Vec<WireToolCall>,
+    tool_calls: Option<Vec<WireToolCall>>,
+    #[serde(default)]
+    refusal: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -284,9 +318,9 @@ struct WireFunction {
 #[derive(Deserialize)]
 struct WireUsage {
     #[serde(default)]
-    prompt_tokens: u32,
+    prompt_tokens: Option<u32>,
     #[serde(default)]
-    completion_tokens: u32,
+    completion_tokens: Option<u32>,
     #[serde(default)]
     prompt_tokens_details: Option<WireTokenDetails>,
 }
@@ -294,7 +328,7 @@ struct WireUsage {
 #[derive(Deserialize)]
 struct WireTokenDetails {
     #[serde(default)]
-    cached_tokens: u32,
+    cached_tokens: Option<u32>,
 }
 
 /// Normalises a Chat Completions response body. A missing required field
@@ -306,9 +340,12 @@ pub fn decode(body: &[u8], latency: Duration) -> Result<ChatResponse, Failure> {
         return Err(invalid(PROVIDER, "`choices` is empty"));
     }
     let usage = wire.usage.map_or(Usage::default(), |u| Usage {
-        prompt_tokens: u.prompt_tokens,
-        completion_tokens: u.completion_tokens,
-        cached_input_tokens: u.prompt_tokens_details.map_or(0, |d| d.cached_tokens),
+        prompt_tokens: u.prompt_tokens.unwrap_or(0),
+        completion_tokens: u.completion_tokens.unwrap_or(0),
+        cached_input_tokens: u
+            .prompt_tokens_details
+            .and_then(|d| d.cached_tokens)
+            .unwrap_or(0),
     });
     Ok(ChatResponse {
         id: wire.id,
@@ -321,10 +358,16 @@ pub fn decode(body: &[u8], latency: Duration) -> Result<ChatResponse, Failure> {
             .into_iter()
             .map(|c| Choice {
                 index: c.index,
+                finish_reason: if c.message.refusal.is_some() {
+                    FinishReason::ContentFilter
+                } else {
+                    finish_reason(c.finish_reason.as_deref())
+                },
                 text: c.message.content.unwrap_or_default(),
                 tool_calls: c
                     .message
                     .tool_calls
+                    .unwrap_or_default()
                     .into_iter()
                     .map(|t| ToolCall {
                         id: t.id,
@@ -332,19 +375,22 @@ pub fn decode(body: &[u8], latency: Duration) -> Result<ChatResponse, Failure> {
                         arguments: t.function.arguments,
                     })
                     .collect(),
-                finish_reason: match c.finish_reason.as_deref() {
-                    Some("stop") => FinishReason::Stop,
-                    Some("length") => FinishReason::Length,
-                    Some("tool_calls" | "function_call") => FinishReason::ToolCalls,
-                    Some("content_filter") => FinishReason::ContentFilter,
-                    _ => FinishReason::Other,
-                },
             })
             .collect(),
         usage,
         latency,
         attempts: Vec::new(),
     })
+}
+
+fn finish_reason(reason: Option<&str>) -> FinishReason {
+    match reason {
+        Some("stop") => FinishReason::Stop,
+        Some("length") => FinishReason::Length,
+        Some("tool_calls" | "function_call") => FinishReason::ToolCalls,
+        Some("content_filter") => FinishReason::ContentFilter,
+        _ => FinishReason::Other,
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -366,6 +412,17 @@ struct WireError<'a> {
 /// Classifies an OpenAI error answer (a non-2xx status with its headers
 /// and body). The body is read leniently: garbage leaves the status's class.
 pub fn decode_error(status: http::StatusCode, headers: &http::HeaderMap, body: &[u8]) -> Failure {
+    decode_error_scrubbed(status, headers, body, None)
+}
+
+/// As [`decode_error`], removing `secret` (the API key sent) from the
+/// provider's message.
+fn decode_error_scrubbed(
+    status: http::StatusCode,
+    headers: &http::HeaderMap,
+    body: &[u8],
+    secret: Option<&str>,
+) -> Failure {
     let envelope: WireErrorEnvelope<'_> = serde_json::from_slice(body).unwrap_or_default();
     let e = envelope.error.unwrap_or_default();
     let parsed = ErrorBody {
@@ -373,13 +430,16 @@ pub fn decode_error(status: http::StatusCode, headers: &http::HeaderMap, body: &
         code: e.code,
         message: e.message,
     };
-    error_failure(PROVIDER, status, headers, &parsed, |class, b| {
+    error_failure_scrubbed(PROVIDER, status, headers, &parsed, secret, |class, b| {
         let is = |s: &str| b.code == Some(s) || b.kind == Some(s);
+        let message = b.message.unwrap_or_default();
         if is("insufficient_quota") {
             FailureClass::QuotaExhausted
         } else if is("context_length_exceeded")
-            || b.message
-                .is_some_and(|m| m.contains("maximum context length"))
+            || message.contains("maximum context length")
+            // A single request over the tokens-per-minute limit: no wait
+            // can fix it on this link.
+            || message.starts_with("Request too large")
         {
             FailureClass::ContextWindowExceeded
         } else if is("content_filter") || is("content_policy_violation") {
@@ -442,7 +502,10 @@ where
             let body = crate::to_json(PROVIDER, &body)?;
             let http_req = http::Request::post(format!("{}/embeddings", config.base_url))
                 .header(CONTENT_TYPE, "application/json")
-                .header(AUTHORIZATION, format!("Bearer {}", config.api_key.expose()))
+                .header(
+                    AUTHORIZATION,
+                    secret_header(PROVIDER, &format!("Bearer {}", config.api_key.expose()))?,
+                )
                 .body(RequestBody::new(Bytes::from(body)))
                 .map_err(|e| {
                     Failure::new(FailureClass::BadRequest)
@@ -459,7 +522,12 @@ where
                 .await
                 .map_err(|f| f.with_provider(PROVIDER))?;
             if !parts.status.is_success() {
-                return Err(decode_error(parts.status, &parts.headers, &bytes));
+                return Err(decode_error_scrubbed(
+                    parts.status,
+                    &parts.headers,
+                    &bytes,
+                    Some(config.api_key.expose()),
+                ));
             }
             decode_embeddings(&bytes, started.elapsed()).map_err(|f| f.with_status(parts.status))
         })

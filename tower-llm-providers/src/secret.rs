@@ -28,7 +28,8 @@ impl ApiKey {
     pub fn from_env(var: &str) -> Option<Self> {
         std::env::var(var)
             .ok()
-            .filter(|k| !k.trim().is_empty())
+            .map(|k| k.trim().to_owned())
+            .filter(|k| !k.is_empty())
             .map(ApiKey)
     }
 

@@ -69,6 +69,19 @@ pub(crate) fn error_failure(
     body: &ErrorBody<'_>,
     refine: impl FnOnce(FailureClass, &ErrorBody<'_>) -> FailureClass,
 ) -> Failure {
+    error_failure_scrubbed(provider, status, headers, body, None, refine)
+}
+
+/// As [`error_failure`], removing `secret` from the provider's message (a
+/// provider that echoes the key it was sent must not put it in our error).
+pub(crate) fn error_failure_scrubbed(
+    provider: &'static str,
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &ErrorBody<'_>,
+    secret: Option<&str>,
+    refine: impl FnOnce(FailureClass, &ErrorBody<'_>) -> FailureClass,
+) -> Failure {
     let classified = match classify_status(status, headers) {
         Outcome::Failure(c) => c,
         // A 1xx/3xx where a 2xx was expected: not a usable answer.
@@ -82,7 +95,13 @@ pub(crate) fn error_failure(
     .with_status(status)
     .with_provider(provider);
     if let Some(message) = body.message {
-        failure = failure.with_message(bounded(message));
+        let message = match secret {
+            Some(secret) if secret.len() >= 4 && message.contains(secret) => {
+                message.replace(secret, "[redacted]")
+            }
+            _ => message.to_owned(),
+        };
+        failure = failure.with_message(bounded(&message));
     }
     failure
 }

@@ -169,7 +169,8 @@ async fn the_default_transport_speaks_plain_http_to_local_servers() {
     );
     let res = svc.oneshot(chat()).await.expect("ok");
     assert_eq!(res.text(), "via the default transport");
-    // A reset is not re-sent by the transport: one request, one failure.
+    // A client with its own connect timeout and pool: a reset is a
+    // transient failure.
     server.push(Reply::Reset);
     let svc = OpenAi::new(
         tower_llm_providers::https::client_with_connect_timeout(Duration::from_secs(1)),
