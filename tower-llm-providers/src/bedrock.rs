@@ -11,7 +11,6 @@ use http::{HeaderMap, StatusCode};
 use http_body::Body;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::time::Instant;
 use tower_llm_core::{
     BoxError, ChatRequest, ChatResponse, Choice, ContentPart, Failure, FailureClass, FinishReason,
     Message, Role, ToolCall, ToolChoice, Usage,
@@ -19,7 +18,8 @@ use tower_llm_core::{
 use tower_service::Service;
 
 use crate::transport::{
-    DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure, invalid, read_body,
+    Answer, DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure, invalid, round_trip,
+    take_ready,
 };
 use crate::wire::{data_url, merge_turns, tool_input, tool_schema};
 use crate::{ApiKey, ProviderFuture};
@@ -185,20 +185,15 @@ where
     }
 
     fn call(&mut self, req: ChatRequest) -> Self::Future {
-        let clone = self.transport.clone();
-        let mut transport = std::mem::replace(&mut self.transport, clone);
+        let mut transport = take_ready(&mut self.transport);
         let config = self.config.clone();
         Box::pin(async move {
             let http_req = signed_request(&config, &req)?;
-            let started = Instant::now();
-            let res = transport
-                .call(http_req)
-                .await
-                .map_err(|e| Failure::from_error(e.into()).with_provider(PROVIDER))?;
-            let (parts, body) = res.into_parts();
-            let bytes = read_body(body, config.max_body)
-                .await
-                .map_err(|f| f.with_provider(PROVIDER))?;
+            let Answer {
+                parts,
+                body: bytes,
+                latency,
+            } = round_trip(&mut transport, http_req, config.max_body, PROVIDER).await?;
             if !parts.status.is_success() {
                 return Err(decode_error(parts.status, &parts.headers, &bytes));
             }
@@ -207,8 +202,7 @@ where
                 .get("x-amzn-requestid")
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default();
-            decode(&bytes, request_id, &req.model, started.elapsed())
-                .map_err(|f| f.with_status(parts.status))
+            decode(&bytes, request_id, &req.model, latency).map_err(|f| f.with_status(parts.status))
         })
     }
 }

@@ -9,7 +9,6 @@ use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use http_body::Body;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::time::Instant;
 use tower_llm_core::{
     BoxError, ChatRequest, ChatResponse, Choice, ContentPart, EmbeddingRequest, EmbeddingResponse,
     Failure, FailureClass, FinishReason, Message, Role, ToolCall, ToolChoice, Usage,
@@ -17,7 +16,8 @@ use tower_llm_core::{
 use tower_service::Service;
 
 use crate::transport::{
-    DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure_scrubbed, invalid, read_body,
+    Answer, DEFAULT_MAX_BODY, ErrorBody, RequestBody, build_error, error_failure_scrubbed, invalid,
+    round_trip, take_ready,
 };
 use crate::wire::{secret_header, tool_schema};
 use crate::{ApiKey, ProviderFuture};
@@ -130,8 +130,7 @@ where
     }
 
     fn call(&mut self, req: ChatRequest) -> Self::Future {
-        let clone = self.transport.clone();
-        let mut transport = std::mem::replace(&mut self.transport, clone);
+        let mut transport = take_ready(&mut self.transport);
         let config = self.config.clone();
         Box::pin(async move {
             let body = crate::to_json(PROVIDER, &encode_with(&req, config.max_completion_tokens))?;
@@ -142,20 +141,12 @@ where
                     secret_header(PROVIDER, &format!("Bearer {}", config.api_key.expose()))?,
                 )
                 .body(RequestBody::new(Bytes::from(body)))
-                .map_err(|e| {
-                    Failure::new(FailureClass::BadRequest)
-                        .with_provider(PROVIDER)
-                        .with_message(format!("cannot build the request: {e}"))
-                })?;
-            let started = Instant::now();
-            let res = transport
-                .call(http_req)
-                .await
-                .map_err(|e| Failure::from_error(e.into()).with_provider(PROVIDER))?;
-            let (parts, body) = res.into_parts();
-            let bytes = read_body(body, config.max_body)
-                .await
-                .map_err(|f| f.with_provider(PROVIDER))?;
+                .map_err(build_error(PROVIDER))?;
+            let Answer {
+                parts,
+                body: bytes,
+                latency,
+            } = round_trip(&mut transport, http_req, config.max_body, PROVIDER).await?;
             if !parts.status.is_success() {
                 return Err(decode_error_scrubbed(
                     parts.status,
@@ -164,7 +155,7 @@ where
                     Some(config.api_key.expose()),
                 ));
             }
-            decode(&bytes, started.elapsed()).map_err(|f| f.with_status(parts.status))
+            decode(&bytes, latency).map_err(|f| f.with_status(parts.status))
         })
     }
 }
@@ -490,8 +481,7 @@ where
     }
 
     fn call(&mut self, req: EmbeddingRequest) -> Self::Future {
-        let clone = self.transport.clone();
-        let mut transport = std::mem::replace(&mut self.transport, clone);
+        let mut transport = take_ready(&mut self.transport);
         let config = self.config.clone();
         Box::pin(async move {
             let mut body =
@@ -507,20 +497,12 @@ where
                     secret_header(PROVIDER, &format!("Bearer {}", config.api_key.expose()))?,
                 )
                 .body(RequestBody::new(Bytes::from(body)))
-                .map_err(|e| {
-                    Failure::new(FailureClass::BadRequest)
-                        .with_provider(PROVIDER)
-                        .with_message(format!("cannot build the request: {e}"))
-                })?;
-            let started = Instant::now();
-            let res = transport
-                .call(http_req)
-                .await
-                .map_err(|e| Failure::from_error(e.into()).with_provider(PROVIDER))?;
-            let (parts, body) = res.into_parts();
-            let bytes = read_body(body, config.max_body)
-                .await
-                .map_err(|f| f.with_provider(PROVIDER))?;
+                .map_err(build_error(PROVIDER))?;
+            let Answer {
+                parts,
+                body: bytes,
+                latency,
+            } = round_trip(&mut transport, http_req, config.max_body, PROVIDER).await?;
             if !parts.status.is_success() {
                 return Err(decode_error_scrubbed(
                     parts.status,
@@ -529,7 +511,7 @@ where
                     Some(config.api_key.expose()),
                 ));
             }
-            decode_embeddings(&bytes, started.elapsed()).map_err(|f| f.with_status(parts.status))
+            decode_embeddings(&bytes, latency).map_err(|f| f.with_status(parts.status))
         })
     }
 }

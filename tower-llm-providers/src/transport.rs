@@ -35,6 +35,60 @@ where
     }
 }
 
+/// A provider's answer: status and headers, the whole body (read with the
+/// cap), and how long the round trip took.
+pub(crate) struct Answer {
+    pub(crate) parts: http::response::Parts,
+    pub(crate) body: Bytes,
+    pub(crate) latency: std::time::Duration,
+}
+
+/// Sends `req` through `transport` and reads the whole answer, at most
+/// `max_body` bytes; transport errors become classified failures.
+pub(crate) async fn round_trip<T, B>(
+    transport: &mut T,
+    req: http::Request<RequestBody>,
+    max_body: usize,
+    provider: &'static str,
+) -> Result<Answer, Failure>
+where
+    T: tower_service::Service<http::Request<RequestBody>, Response = http::Response<B>>,
+    T::Error: Into<BoxError>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let started = tokio::time::Instant::now();
+    let res = transport
+        .call(req)
+        .await
+        .map_err(|e| Failure::from_error(e.into()).with_provider(provider))?;
+    let (parts, body) = res.into_parts();
+    let body = read_body(body, max_body)
+        .await
+        .map_err(|f| f.with_provider(provider))?;
+    Ok(Answer {
+        parts,
+        body,
+        latency: started.elapsed(),
+    })
+}
+
+/// The failure for a request that `http` refused to build.
+pub(crate) fn build_error(provider: &'static str) -> impl Fn(http::Error) -> Failure {
+    move |e| {
+        Failure::new(FailureClass::BadRequest)
+            .with_provider(provider)
+            .with_message(format!("cannot build the request: {e}"))
+    }
+}
+
+/// Takes the service that `poll_ready` made ready, leaving a clone in its
+/// place (tower's "be careful when cloning inner services").
+pub(crate) fn take_ready<T: Clone>(slot: &mut T) -> T {
+    let clone = slot.clone();
+    std::mem::replace(slot, clone)
+}
+
 /// Keeps at most [`MAX_MESSAGE`] bytes of a provider message, on a
 /// character boundary.
 pub(crate) fn bounded(message: &str) -> String {

@@ -17,24 +17,8 @@ use tower::ServiceExt;
 use tower_llm_core::{ChatRequest, FailureClass, FinishReason, Message, Usage};
 use tower_llm_providers::{AwsCredentials, Bedrock, BedrockConfig, RequestBody, bedrock};
 
-fn fixture(name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-fn headers(name: &str) -> HeaderMap {
-    let text = String::from_utf8(fixture(name)).expect("utf-8");
-    let mut map = HeaderMap::new();
-    for line in text.lines() {
-        if let Some((k, v)) = line.split_once(": ") {
-            map.append(
-                http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
-                v.parse().expect("value"),
-            );
-        }
-    }
-    map
-}
+mod common;
+use common::{fixture, headers};
 
 const MODEL: &str = "anthropic.claude-3-haiku-20240307-v1:0";
 

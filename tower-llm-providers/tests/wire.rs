@@ -19,24 +19,8 @@ use tower_llm_providers::{
     Anthropic, AnthropicConfig, ApiKey, OpenAi, OpenAiConfig, RequestBody, anthropic, openai,
 };
 
-fn fixture(name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-fn headers(name: &str) -> HeaderMap {
-    let text = String::from_utf8(fixture(name)).expect("utf-8");
-    let mut map = HeaderMap::new();
-    for line in text.lines() {
-        if let Some((k, v)) = line.split_once(": ") {
-            map.append(
-                http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
-                v.parse().expect("value"),
-            );
-        }
-    }
-    map
-}
+mod common;
+use common::{fixture, headers};
 
 #[test]
 fn openai_fixtures_normalise() {
