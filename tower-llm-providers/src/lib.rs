@@ -1,6 +1,6 @@
 //! OpenAI, Anthropic and AWS Bedrock chat services for tower-llm: one request type
 //! ([`ChatRequest`](tower_llm_core::ChatRequest)), one normalised answer
-//! ([`ChatResponse`](tower_llm_core::ChatResponse)), and provider errors
+//! ([`ChatResponse`]), and provider errors
 //! classified from status, headers and body so that retry, breaker and
 //! fallback decide correctly.
 //!
@@ -52,8 +52,8 @@
 //!   pooled hyper-util client over rustls (`ring`, webpki roots), and
 //!   [`https::client_with_connect_timeout`] for a provider that needs its
 //!   own connect timeout (at the cost of its own pool).
-//! - `mock`: test doubles, [`mock::ScriptedTransport`] (in-process, virtual
-//!   time) and [`mock::MockServer`] (real loopback HTTP with scripted
+//! - `mock`: test doubles, `mock::ScriptedTransport` (in-process, virtual
+//!   time) and `mock::MockServer` (real loopback HTTP with scripted
 //!   faults). Off by default.
 
 use std::future::Future;
