@@ -46,6 +46,14 @@
 //! OpenAI embeddings are [`OpenAiEmbeddings`] (`EmbeddingRequest` →
 //! `EmbeddingResponse`, the same layers apply).
 //!
+//! # Streaming (groundwork)
+//!
+//! [`stream`] holds the incremental parsers for streamed answers: a
+//! server-sent-events parser and the OpenAI and Anthropic event decoders,
+//! with [`StreamItem::is_content`](stream::StreamItem::is_content) marking
+//! a stream's commit point. The streaming services (first-frame peek,
+//! idle timeouts, Bedrock's event stream) come with the streaming issue.
+//!
 //! # Feature flags
 //!
 //! - `https` (default): [`https::shared_client`], the default transport, a
@@ -69,6 +77,7 @@ pub mod https;
 pub mod mock;
 pub mod openai;
 mod secret;
+pub mod stream;
 mod transport;
 mod wire;
 
