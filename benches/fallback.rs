@@ -10,14 +10,14 @@ use std::alloc::System;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
-use tower::{Layer, Service, ServiceBuilder, service_fn};
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+use tower::{Layer, ServiceBuilder, service_fn};
 use tower_llm::Failure;
 use tower_llm::deadline::DeadlineLayer;
 use tower_llm::fallback::{FallbackLayer, LinkSpec};
 
 mod support;
-use support::call;
+use support::{allocations, call};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -40,25 +40,6 @@ fn three_links() -> FallbackLayer<http::Request<()>, http::Response<()>, tower_l
         .expect("valid chain")
 }
 
-/// Heap allocations and bytes per call, over 10,000 calls.
-fn allocations<S>(svc: &mut S) -> (f64, f64)
-where
-    S: Service<http::Request<()>, Response = http::Response<()>>,
-{
-    const N: usize = 10_000;
-    call(svc);
-    let region = Region::new(GLOBAL);
-    for _ in 0..N {
-        call(svc);
-    }
-    let stats = region.change();
-    let allocs = stats.allocations + stats.reallocations;
-    (
-        allocs as f64 / N as f64,
-        stats.bytes_allocated as f64 / N as f64,
-    )
-}
-
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -69,22 +50,22 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("fallback");
 
     let mut svc = bare();
-    report.push(("bare", allocations(&mut svc)));
+    report.push(("bare", allocations(&mut svc, GLOBAL)));
     group.bench_function("bare", |b| b.iter(|| call(&mut svc)));
 
     let mut svc = three_links().layer(bare());
-    report.push(("llm_fallback_3_links", allocations(&mut svc)));
+    report.push(("llm_fallback_3_links", allocations(&mut svc, GLOBAL)));
     group.bench_function("llm_fallback_3_links", |b| b.iter(|| call(&mut svc)));
 
     let mut svc = DeadlineLayer::new(Duration::from_secs(30)).layer(bare());
-    report.push(("llm_deadline", allocations(&mut svc)));
+    report.push(("llm_deadline", allocations(&mut svc, GLOBAL)));
     group.bench_function("llm_deadline", |b| b.iter(|| call(&mut svc)));
 
     let mut svc = ServiceBuilder::new()
         .layer(DeadlineLayer::new(Duration::from_secs(30)))
         .layer(three_links())
         .service(bare());
-    report.push(("llm_deadline+llm_fallback", allocations(&mut svc)));
+    report.push(("llm_deadline+llm_fallback", allocations(&mut svc, GLOBAL)));
     group.bench_function("llm_deadline+llm_fallback", |b| b.iter(|| call(&mut svc)));
     group.finish();
 

@@ -15,14 +15,14 @@ use std::alloc::System;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
-use tower::{Layer, Service, ServiceBuilder, service_fn};
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+use tower::{Layer, ServiceBuilder, service_fn};
 use tower_llm::Failure;
 use tower_llm::deadline::DeadlineLayer;
 use tower_llm::retry::RetryLayer;
 
 mod support;
-use support::call;
+use support::{allocations, call};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -39,25 +39,6 @@ impl<Req: Clone, Res, E> tower::retry::Policy<Req, Res, E> for NeverRetry {
     fn clone_request(&mut self, req: &Req) -> Option<Req> {
         Some(req.clone())
     }
-}
-
-/// Heap allocations and bytes per call, over 10,000 calls.
-fn allocations<S>(svc: &mut S) -> (f64, f64)
-where
-    S: Service<http::Request<()>, Response = http::Response<()>>,
-{
-    const N: usize = 10_000;
-    call(svc);
-    let region = Region::new(GLOBAL);
-    for _ in 0..N {
-        call(svc);
-    }
-    let stats = region.change();
-    let allocs = stats.allocations + stats.reallocations;
-    (
-        allocs as f64 / N as f64,
-        stats.bytes_allocated as f64 / N as f64,
-    )
 }
 
 type Bare = tower::util::ServiceFn<
@@ -81,33 +62,33 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("retry");
 
     let mut svc = bare();
-    report.push(("bare", allocations(&mut svc)));
+    report.push(("bare", allocations(&mut svc, GLOBAL)));
     group.bench_function("bare", |b| b.iter(|| call(&mut svc)));
 
     let mut svc = tower::retry::RetryLayer::new(NeverRetry).layer(bare());
-    report.push(("tower_retry", allocations(&mut svc)));
+    report.push(("tower_retry", allocations(&mut svc, GLOBAL)));
     group.bench_function("tower_retry", |b| b.iter(|| call(&mut svc)));
 
     let mut svc = retry.layer(bare());
-    report.push(("llm_retry", allocations(&mut svc)));
+    report.push(("llm_retry", allocations(&mut svc, GLOBAL)));
     group.bench_function("llm_retry", |b| b.iter(|| call(&mut svc)));
 
     let mut svc = DeadlineLayer::new(budget).layer(bare());
-    report.push(("llm_deadline", allocations(&mut svc)));
+    report.push(("llm_deadline", allocations(&mut svc, GLOBAL)));
     group.bench_function("llm_deadline", |b| b.iter(|| call(&mut svc)));
 
     let mut svc = ServiceBuilder::new()
         .layer(DeadlineLayer::new(budget))
         .layer(tower::retry::RetryLayer::new(NeverRetry))
         .service(bare());
-    report.push(("llm_deadline+tower_retry", allocations(&mut svc)));
+    report.push(("llm_deadline+tower_retry", allocations(&mut svc, GLOBAL)));
     group.bench_function("llm_deadline+tower_retry", |b| b.iter(|| call(&mut svc)));
 
     let mut svc = ServiceBuilder::new()
         .layer(DeadlineLayer::new(budget))
         .layer(retry.clone())
         .service(bare());
-    report.push(("llm_deadline+llm_retry", allocations(&mut svc)));
+    report.push(("llm_deadline+llm_retry", allocations(&mut svc, GLOBAL)));
     group.bench_function("llm_deadline+llm_retry", |b| b.iter(|| call(&mut svc)));
     group.finish();
 

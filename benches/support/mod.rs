@@ -36,3 +36,26 @@ where
 {
     call_with(svc, http::Request::new(()))
 }
+
+/// Heap allocations and bytes per call over 10,000 calls, counted by the
+/// bench binary's instrumented global allocator.
+pub(crate) fn allocations<S>(
+    svc: &mut S,
+    allocator: &'static stats_alloc::StatsAlloc<std::alloc::System>,
+) -> (f64, f64)
+where
+    S: Service<http::Request<()>, Response = http::Response<()>>,
+{
+    const N: usize = 10_000;
+    call(svc);
+    let region = stats_alloc::Region::new(allocator);
+    for _ in 0..N {
+        call(svc);
+    }
+    let stats = region.change();
+    let allocs = stats.allocations + stats.reallocations;
+    (
+        allocs as f64 / N as f64,
+        stats.bytes_allocated as f64 / N as f64,
+    )
+}

@@ -16,8 +16,8 @@ use tower_llm_core::{
 use tower_service::Service;
 
 use crate::transport::{
-    Answer, DEFAULT_MAX_BODY, ErrorBody, RequestBody, build_error, error_failure_scrubbed, invalid,
-    round_trip, take_ready,
+    Answer, DEFAULT_MAX_BODY, RequestBody, build_error, error_envelope, error_failure_scrubbed,
+    invalid, round_trip, take_ready,
 };
 use crate::wire::{data_url, merge_turns, secret_header, tool_input, tool_schema};
 use crate::{ApiKey, ProviderFuture};
@@ -348,20 +348,6 @@ pub fn decode(body: &[u8], latency: Duration) -> Result<ChatResponse, Failure> {
     })
 }
 
-#[derive(Deserialize, Default)]
-struct WireErrorEnvelope<'a> {
-    #[serde(borrow, default)]
-    error: Option<WireError<'a>>,
-}
-
-#[derive(Deserialize, Default)]
-struct WireError<'a> {
-    #[serde(borrow, default, rename = "type")]
-    kind: Option<&'a str>,
-    #[serde(borrow, default)]
-    message: Option<&'a str>,
-}
-
 /// Classifies an Anthropic error answer (a non-2xx status with its headers
 /// and body). The body is read leniently: garbage leaves the status's class.
 pub fn decode_error(status: http::StatusCode, headers: &http::HeaderMap, body: &[u8]) -> Failure {
@@ -376,15 +362,9 @@ fn decode_error_scrubbed(
     body: &[u8],
     secret: Option<&str>,
 ) -> Failure {
-    let envelope: WireErrorEnvelope<'_> = serde_json::from_slice(body).unwrap_or_default();
-    let e = envelope.error.unwrap_or_default();
-    let parsed = ErrorBody {
-        kind: e.kind,
-        code: None,
-        message: e.message,
-    };
+    let parsed = error_envelope(body);
     error_failure_scrubbed(PROVIDER, status, headers, &parsed, secret, |class, b| {
-        let message = b.message.unwrap_or_default();
+        let message = b.message();
         if message.contains("credit balance")
             || message.contains("usage limit")
             || message.contains("Extra usage is required")
@@ -392,7 +372,7 @@ fn decode_error_scrubbed(
             FailureClass::QuotaExhausted
         } else if message.contains("prompt is too long") {
             FailureClass::ContextWindowExceeded
-        } else if b.kind == Some("overloaded_error") {
+        } else if b.kind() == Some("overloaded_error") {
             FailureClass::Transient
         } else {
             class

@@ -516,9 +516,9 @@ pub fn decode(
 #[derive(Deserialize, Default)]
 struct WireError<'a> {
     #[serde(borrow, default, alias = "Message")]
-    message: Option<&'a str>,
+    message: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow, default, rename = "__type")]
-    kind: Option<&'a str>,
+    kind: Option<std::borrow::Cow<'a, str>>,
 }
 
 /// The AWS error name: the `x-amzn-ErrorType` header (or the body's
@@ -536,15 +536,14 @@ fn error_name<'a>(headers: &'a HeaderMap, body_kind: Option<&'a str>) -> Option<
 /// body). Garbage leaves the status's class.
 pub fn decode_error(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Failure {
     let e: WireError<'_> = serde_json::from_slice(body).unwrap_or_default();
-    let name = error_name(headers, e.kind);
     let parsed = ErrorBody {
-        kind: name,
+        kind: error_name(headers, e.kind.as_deref()).map(std::borrow::Cow::Borrowed),
         code: None,
         message: e.message,
     };
     error_failure(PROVIDER, status, headers, &parsed, |class, b| {
-        let message = b.message.unwrap_or_default().to_ascii_lowercase();
-        match b.kind {
+        let message = b.message().to_ascii_lowercase();
+        match b.kind() {
             Some("ThrottlingException") => FailureClass::RateLimited,
             Some(
                 "ServiceUnavailableException"

@@ -16,8 +16,8 @@ use tower_llm_core::{
 use tower_service::Service;
 
 use crate::transport::{
-    Answer, DEFAULT_MAX_BODY, ErrorBody, RequestBody, build_error, error_failure_scrubbed, invalid,
-    round_trip, take_ready,
+    Answer, DEFAULT_MAX_BODY, RequestBody, build_error, error_envelope, error_failure_scrubbed,
+    invalid, round_trip, take_ready,
 };
 use crate::wire::{secret_header, tool_schema};
 use crate::{ApiKey, ProviderFuture};
@@ -384,22 +384,6 @@ fn finish_reason(reason: Option<&str>) -> FinishReason {
     }
 }
 
-#[derive(Deserialize, Default)]
-struct WireErrorEnvelope<'a> {
-    #[serde(borrow, default)]
-    error: Option<WireError<'a>>,
-}
-
-#[derive(Deserialize, Default)]
-struct WireError<'a> {
-    #[serde(borrow, default, rename = "type")]
-    kind: Option<&'a str>,
-    #[serde(borrow, default)]
-    code: Option<&'a str>,
-    #[serde(borrow, default)]
-    message: Option<&'a str>,
-}
-
 /// Classifies an OpenAI error answer (a non-2xx status with its headers
 /// and body). The body is read leniently: garbage leaves the status's class.
 pub fn decode_error(status: http::StatusCode, headers: &http::HeaderMap, body: &[u8]) -> Failure {
@@ -414,16 +398,10 @@ fn decode_error_scrubbed(
     body: &[u8],
     secret: Option<&str>,
 ) -> Failure {
-    let envelope: WireErrorEnvelope<'_> = serde_json::from_slice(body).unwrap_or_default();
-    let e = envelope.error.unwrap_or_default();
-    let parsed = ErrorBody {
-        kind: e.kind,
-        code: e.code,
-        message: e.message,
-    };
+    let parsed = error_envelope(body);
     error_failure_scrubbed(PROVIDER, status, headers, &parsed, secret, |class, b| {
-        let is = |s: &str| b.code == Some(s) || b.kind == Some(s);
-        let message = b.message.unwrap_or_default();
+        let is = |s: &str| b.code() == Some(s) || b.kind() == Some(s);
+        let message = b.message();
         if is("insufficient_quota") {
             FailureClass::QuotaExhausted
         } else if is("context_length_exceeded")

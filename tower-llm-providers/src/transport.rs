@@ -103,14 +103,50 @@ pub(crate) fn bounded(message: &str) -> String {
 }
 
 /// What a provider's error body said, as far as classification goes.
-#[derive(Debug, Default)]
+/// Strings borrow from the body unless they hold JSON escapes.
+#[derive(Debug, Default, serde::Deserialize)]
 pub(crate) struct ErrorBody<'a> {
-    /// `error.type` (OpenAI, Anthropic).
-    pub(crate) kind: Option<&'a str>,
+    /// `error.type` (OpenAI, Anthropic) or the AWS error name.
+    #[serde(borrow, default, rename = "type")]
+    pub(crate) kind: Option<std::borrow::Cow<'a, str>>,
     /// `error.code` (OpenAI).
-    pub(crate) code: Option<&'a str>,
+    #[serde(borrow, default)]
+    pub(crate) code: Option<std::borrow::Cow<'a, str>>,
     /// The human message.
-    pub(crate) message: Option<&'a str>,
+    #[serde(borrow, default)]
+    pub(crate) message: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl ErrorBody<'_> {
+    /// `error.type` as a string slice.
+    pub(crate) fn kind(&self) -> Option<&str> {
+        self.kind.as_deref()
+    }
+
+    /// `error.code` as a string slice.
+    pub(crate) fn code(&self) -> Option<&str> {
+        self.code.as_deref()
+    }
+
+    /// The message, or `""`.
+    pub(crate) fn message(&self) -> &str {
+        self.message.as_deref().unwrap_or_default()
+    }
+}
+
+#[derive(serde::Deserialize, Default)]
+struct Envelope<'a> {
+    #[serde(borrow, default)]
+    error: Option<ErrorBody<'a>>,
+}
+
+/// The `{"error": {"type", "code", "message"}}` envelope of OpenAI and
+/// Anthropic error bodies, read leniently: garbage gives an empty body.
+pub(crate) fn error_envelope(body: &[u8]) -> ErrorBody<'_> {
+    serde_json::from_slice::<Envelope<'_>>(body)
+        .ok()
+        .and_then(|e| e.error)
+        .unwrap_or_default()
 }
 
 /// A failure for a non-2xx answer: the status and headers decide the class
@@ -148,7 +184,7 @@ pub(crate) fn error_failure_scrubbed(
     })
     .with_status(status)
     .with_provider(provider);
-    if let Some(message) = body.message {
+    if let Some(message) = body.message.as_deref() {
         let message = match secret {
             Some(secret) if secret.len() >= 4 && message.contains(secret) => {
                 message.replace(secret, "[redacted]")

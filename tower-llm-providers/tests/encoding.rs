@@ -202,3 +202,24 @@ async fn keys_are_sensitive_headers_and_scrubbed_from_echoed_messages() {
     assert!(!shown.contains("sk-live-secret-42"), "{shown}");
     assert!(shown.contains("[redacted]"), "{shown}");
 }
+
+#[test]
+fn escaped_error_messages_are_still_read() {
+    let s = |c| StatusCode::from_u16(c).expect("status");
+    let quota = br#"{"error":{"message":"You exceeded your current quota \u2014 see \"billing\".","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+    let f = openai::decode_error(s(429), &HeaderMap::new(), quota);
+    assert!(f.is_quota_exhausted());
+    assert_eq!(
+        f.message(),
+        Some("You exceeded your current quota \u{2014} see \"billing\".")
+    );
+    let long = br#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 200251 tokens > 200000 maximum \n(\"claude\")"}}"#;
+    assert!(anthropic::decode_error(s(400), &HeaderMap::new(), long).is_context_window_exceeded());
+    let mut h = HeaderMap::new();
+    h.insert(
+        "x-amzn-errortype",
+        "ValidationException:x".parse().expect("value"),
+    );
+    let aws = br#"{"message":"Input is too long for requested model. \"Claude\""}"#;
+    assert!(bedrock::decode_error(s(400), &h, aws).is_context_window_exceeded());
+}
