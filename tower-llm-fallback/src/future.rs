@@ -78,14 +78,15 @@ impl<PF, Req, Res, C> std::fmt::Debug for ResponseFuture<PF, Req, Res, C> {
 }
 
 impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
-    pub(crate) fn primary(
-        fut: PF,
+    fn new(
+        state: State<PF, Oneshot<LinkService<Req, Res>, Req>>,
         chain: Arc<Chain<Req, Res, C>>,
         pristine: Option<Req>,
+        replayable: bool,
         owned_log: Option<AttemptLog>,
     ) -> Self {
         ResponseFuture {
-            state: State::Primary { fut },
+            state,
             chain,
             pristine,
             index: 0,
@@ -97,9 +98,18 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
             order: None,
             cursor: 0,
             started: None,
-            replayable: true,
+            replayable,
             last_class: None,
         }
+    }
+
+    pub(crate) fn primary(
+        fut: PF,
+        chain: Arc<Chain<Req, Res, C>>,
+        pristine: Option<Req>,
+        owned_log: Option<AttemptLog>,
+    ) -> Self {
+        Self::new(State::Primary { fut }, chain, pristine, true, owned_log)
     }
 
     /// The primary's admission refused the request: it starts at the next
@@ -111,32 +121,7 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
         owned_log: Option<AttemptLog>,
     ) -> Self {
         record_skip(&req, &chain.primary.link);
-        let mut fut = Self::skipped_at_primary(chain, req, owned_log);
-        fut.replayable = replayable;
-        fut
-    }
-
-    fn skipped_at_primary(
-        chain: Arc<Chain<Req, Res, C>>,
-        req: Req,
-        owned_log: Option<AttemptLog>,
-    ) -> Self {
-        ResponseFuture {
-            state: State::Next,
-            chain,
-            pristine: Some(req),
-            index: 0,
-            need: Need::Any,
-            last: None,
-            earliest: None,
-            all_waiting: true,
-            owned_log,
-            order: None,
-            cursor: 0,
-            started: None,
-            replayable: true,
-            last_class: None,
-        }
+        Self::new(State::Next, chain, Some(req), replayable, owned_log)
     }
 }
 

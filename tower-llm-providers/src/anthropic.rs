@@ -17,7 +17,7 @@ use tower_service::Service;
 
 use crate::transport::{
     Answer, DEFAULT_MAX_BODY, RequestBody, build_error, error_envelope, error_failure_scrubbed,
-    invalid, round_trip, take_ready,
+    invalid, poll_transport, round_trip, take_ready,
 };
 use crate::wire::{data_url, merge_turns, secret_header, tool_input, tool_schema};
 use crate::{ApiKey, ProviderFuture};
@@ -122,9 +122,7 @@ where
     type Future = ProviderFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.transport
-            .poll_ready(cx)
-            .map_err(|e| Failure::from_error(e.into()).with_provider(PROVIDER))
+        poll_transport(&mut self.transport, cx, PROVIDER)
     }
 
     fn call(&mut self, req: ChatRequest) -> Self::Future {

@@ -18,8 +18,8 @@ use tower_llm_core::{
 use tower_service::Service;
 
 use crate::transport::{
-    Answer, DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure, invalid, round_trip,
-    take_ready,
+    Answer, DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure, invalid, poll_transport,
+    round_trip, take_ready,
 };
 use crate::wire::{data_url, merge_turns, tool_input, tool_schema};
 use crate::{ApiKey, ProviderFuture};
@@ -179,9 +179,7 @@ where
     type Future = ProviderFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.transport
-            .poll_ready(cx)
-            .map_err(|e| Failure::from_error(e.into()).with_provider(PROVIDER))
+        poll_transport(&mut self.transport, cx, PROVIDER)
     }
 
     fn call(&mut self, req: ChatRequest) -> Self::Future {

@@ -17,7 +17,7 @@ use tower_service::Service;
 
 use crate::transport::{
     Answer, DEFAULT_MAX_BODY, RequestBody, build_error, error_envelope, error_failure_scrubbed,
-    invalid, round_trip, take_ready,
+    invalid, poll_transport, round_trip, take_ready,
 };
 use crate::wire::{secret_header, tool_schema};
 use crate::{ApiKey, ProviderFuture};
@@ -124,9 +124,7 @@ where
     type Future = ProviderFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.transport
-            .poll_ready(cx)
-            .map_err(|e| Failure::from_error(e.into()).with_provider(PROVIDER))
+        poll_transport(&mut self.transport, cx, PROVIDER)
     }
 
     fn call(&mut self, req: ChatRequest) -> Self::Future {
@@ -134,14 +132,7 @@ where
         let config = self.config.clone();
         Box::pin(async move {
             let body = crate::to_json(PROVIDER, &encode_with(&req, config.max_completion_tokens))?;
-            let http_req = http::Request::post(format!("{}/chat/completions", config.base_url))
-                .header(CONTENT_TYPE, "application/json")
-                .header(
-                    AUTHORIZATION,
-                    secret_header(PROVIDER, &format!("Bearer {}", config.api_key.expose()))?,
-                )
-                .body(RequestBody::new(Bytes::from(body)))
-                .map_err(build_error(PROVIDER))?;
+            let http_req = post(&config, "chat/completions", body)?;
             let Answer {
                 parts,
                 body: bytes,
@@ -158,6 +149,22 @@ where
             decode(&bytes, latency).map_err(|f| f.with_status(parts.status))
         })
     }
+}
+
+/// A JSON POST to `{base_url}/{path}` with the bearer key.
+fn post(
+    config: &OpenAiConfig,
+    path: &str,
+    body: Vec<u8>,
+) -> Result<http::Request<RequestBody>, Failure> {
+    http::Request::post(format!("{}/{path}", config.base_url))
+        .header(CONTENT_TYPE, "application/json")
+        .header(
+            AUTHORIZATION,
+            secret_header(PROVIDER, &format!("Bearer {}", config.api_key.expose()))?,
+        )
+        .body(RequestBody::new(Bytes::from(body)))
+        .map_err(build_error(PROVIDER))
 }
 
 /// The Chat Completions request body for `req` (`max_tokens` as is).
@@ -453,9 +460,7 @@ where
     >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.transport
-            .poll_ready(cx)
-            .map_err(|e| Failure::from_error(e.into()).with_provider(PROVIDER))
+        poll_transport(&mut self.transport, cx, PROVIDER)
     }
 
     fn call(&mut self, req: EmbeddingRequest) -> Self::Future {
@@ -468,14 +473,7 @@ where
                 obj.insert("dimensions".into(), json!(d));
             }
             let body = crate::to_json(PROVIDER, &body)?;
-            let http_req = http::Request::post(format!("{}/embeddings", config.base_url))
-                .header(CONTENT_TYPE, "application/json")
-                .header(
-                    AUTHORIZATION,
-                    secret_header(PROVIDER, &format!("Bearer {}", config.api_key.expose()))?,
-                )
-                .body(RequestBody::new(Bytes::from(body)))
-                .map_err(build_error(PROVIDER))?;
+            let http_req = post(&config, "embeddings", body)?;
             let Answer {
                 parts,
                 body: bytes,

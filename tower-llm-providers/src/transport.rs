@@ -82,6 +82,22 @@ pub(crate) fn build_error(provider: &'static str) -> impl Fn(http::Error) -> Fai
     }
 }
 
+/// The transport's readiness, its error classified as a failure of
+/// `provider`.
+pub(crate) fn poll_transport<T, B>(
+    transport: &mut T,
+    cx: &mut std::task::Context<'_>,
+    provider: &'static str,
+) -> std::task::Poll<Result<(), Failure>>
+where
+    T: tower_service::Service<http::Request<RequestBody>, Response = http::Response<B>>,
+    T::Error: Into<BoxError>,
+{
+    transport
+        .poll_ready(cx)
+        .map_err(|e| Failure::from_error(e.into()).with_provider(provider))
+}
+
 /// Takes the service that `poll_ready` made ready, leaving a clone in its
 /// place (tower's "be careful when cloning inner services").
 pub(crate) fn take_ready<T: Clone>(slot: &mut T) -> T {
