@@ -12,7 +12,9 @@
 //!   [`http::Extensions`] ([`HasExtensions`] gives access for any request).
 //! - [`AttemptLog`]: one [`AttemptRecord`] per attempt, at most
 //!   [`MAX_ATTEMPTS_PER_CALL`], returned with the response and the error.
-//! - [`ChatRequest`], [`ChatResponse`], [`ChatChunk`]: provider-neutral chat types.
+//! - [`ChatRequest`], [`ChatResponse`], [`ChatChunk`]: provider-neutral chat types;
+//!   [`ChatStream`]: a streamed answer, returned at its commit point (the
+//!   first content frame).
 //! - [`Bounded`]: a future cut off at an instant, the timer of every
 //!   tower-llm timeout.
 //!
@@ -52,6 +54,7 @@ mod extensions;
 mod link;
 mod retry_after;
 pub mod serde_millis;
+mod stream;
 
 pub use attempt::{
     AttemptLog, AttemptOutcome, AttemptRecord, AttemptStatus, Attempts, Degraded,
@@ -77,3 +80,4 @@ pub use retry_after::{
     MAX_RETRY_AFTER, RETRY_AFTER_MS, parse_retry_after, parse_retry_after_ms, retry_after,
     retry_after_at,
 };
+pub use stream::{ChatStream, ChunkStream};

@@ -129,16 +129,7 @@ where
         let mut transport = take_ready(&mut self.transport);
         let config = self.config.clone();
         Box::pin(async move {
-            let body = crate::to_json(PROVIDER, &encode(&req))?;
-            let http_req = http::Request::post(format!("{}/v1/messages", config.base_url))
-                .header(CONTENT_TYPE, "application/json")
-                .header(
-                    "x-api-key",
-                    secret_header(PROVIDER, config.api_key.expose())?,
-                )
-                .header("anthropic-version", &*config.version)
-                .body(RequestBody::new(Bytes::from(body)))
-                .map_err(build_error(PROVIDER))?;
+            let http_req = request(&config, &req, false)?;
             let Answer {
                 parts,
                 body: bytes,
@@ -157,7 +148,81 @@ where
     }
 }
 
-/// The Messages request body for `req`.
+/// The Messages POST for `req` (streaming or not).
+fn request(
+    config: &AnthropicConfig,
+    req: &ChatRequest,
+    stream: bool,
+) -> Result<http::Request<RequestBody>, Failure> {
+    let mut body = encode(req);
+    if let Some(obj) = body.as_object_mut() {
+        obj.insert("stream".into(), Value::Bool(stream));
+    }
+    let body = crate::to_json(PROVIDER, &body)?;
+    http::Request::post(format!("{}/v1/messages", config.base_url))
+        .header(CONTENT_TYPE, "application/json")
+        .header(
+            "x-api-key",
+            secret_header(PROVIDER, config.api_key.expose())?,
+        )
+        .header("anthropic-version", &*config.version)
+        .body(RequestBody::new(Bytes::from(body)))
+        .map_err(build_error(PROVIDER))
+}
+
+impl<T> Anthropic<T> {
+    /// This provider as a streaming service (`stream: true`); see
+    /// [`Streaming`](crate::Streaming).
+    pub fn streaming(self) -> crate::Streaming<Self> {
+        crate::Streaming::new(self)
+    }
+}
+
+impl<T> crate::streaming::private::Sealed for Anthropic<T> {}
+
+impl<T, B> crate::StreamSource for Anthropic<T>
+where
+    T: Service<http::Request<RequestBody>, Response = http::Response<B>> + Clone + Send + 'static,
+    T::Future: Send + 'static,
+    T::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    fn poll_ready_stream(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failure>> {
+        poll_transport(&mut self.transport, cx, PROVIDER)
+    }
+
+    fn open_stream(
+        &mut self,
+        req: ChatRequest,
+        timeouts: crate::StreamTimeouts,
+    ) -> crate::StreamFuture {
+        let transport = take_ready(&mut self.transport);
+        let config = self.config.clone();
+        Box::pin(async move {
+            let http_req = request(&config, &req, true)?;
+            let open = crate::streaming::Open {
+                wire: crate::streaming::SseWire::new(crate::stream::anthropic_event),
+                provider: PROVIDER,
+                model: req.model.clone(),
+                max_error_body: config.max_body,
+                timeouts,
+                deadline: tower_llm_core::Deadline::of(&req.extensions),
+                error: |parts: &http::response::Parts, body: &[u8]| {
+                    decode_error_scrubbed(
+                        parts.status,
+                        &parts.headers,
+                        body,
+                        Some(config.api_key.expose()),
+                    )
+                },
+            };
+            crate::streaming::open(transport, http_req, open).await
+        })
+    }
+}
+
+/// The Messages request body for `req` (`stream` as `req.stream` says).
 pub fn encode(req: &ChatRequest) -> Value {
     let system: Vec<String> = req
         .messages
@@ -177,7 +242,7 @@ pub fn encode(req: &ChatRequest) -> Value {
         "model": req.model,
         "max_tokens": req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
         "messages": messages,
-        "stream": false,
+        "stream": req.stream,
     });
     let obj = body.as_object_mut().expect("a JSON object literal");
     if !system.is_empty() {

@@ -12,14 +12,15 @@ use http_body::Body;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tower_llm_core::{
-    BoxError, ChatRequest, ChatResponse, Choice, ContentPart, Failure, FailureClass, FinishReason,
-    Message, Role, ToolCall, ToolChoice, Usage,
+    BoxError, ChatChunk, ChatRequest, ChatResponse, Choice, ContentPart, Failure, FailureClass,
+    FinishReason, Message, Role, ToolCall, ToolCallDelta, ToolChoice, Usage,
 };
 use tower_service::Service;
 
+use crate::stream::StreamItem;
 use crate::transport::{
-    Answer, DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure, invalid, poll_transport,
-    round_trip, take_ready,
+    Answer, DEFAULT_MAX_BODY, ErrorBody, RequestBody, bounded, error_failure, invalid,
+    poll_transport, round_trip, take_ready,
 };
 use crate::wire::{data_url, merge_turns, tool_input, tool_schema};
 use crate::{ApiKey, ProviderFuture};
@@ -205,6 +206,266 @@ where
     }
 }
 
+impl<T> Bedrock<T> {
+    /// This provider as a streaming service (ConverseStream, AWS
+    /// event-stream framing); see [`Streaming`](crate::Streaming).
+    pub fn streaming(self) -> crate::Streaming<Self> {
+        crate::Streaming::new(self)
+    }
+}
+
+impl<T> crate::streaming::private::Sealed for Bedrock<T> {}
+
+impl<T, B> crate::StreamSource for Bedrock<T>
+where
+    T: Service<http::Request<RequestBody>, Response = http::Response<B>> + Clone + Send + 'static,
+    T::Future: Send + 'static,
+    T::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    fn poll_ready_stream(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failure>> {
+        poll_transport(&mut self.transport, cx, PROVIDER)
+    }
+
+    fn open_stream(
+        &mut self,
+        req: ChatRequest,
+        timeouts: crate::StreamTimeouts,
+    ) -> crate::StreamFuture {
+        let transport = take_ready(&mut self.transport);
+        let config = self.config.clone();
+        Box::pin(async move {
+            let http_req = signed(&config, &req, "converse-stream")?;
+            let open = crate::streaming::Open {
+                wire: EventStreamWire::default(),
+                provider: PROVIDER,
+                model: req.model.clone(),
+                max_error_body: config.max_body,
+                timeouts,
+                deadline: tower_llm_core::Deadline::of(&req.extensions),
+                error: |parts: &http::response::Parts, body: &[u8]| {
+                    decode_error(parts.status, &parts.headers, body)
+                },
+            };
+            crate::streaming::open(transport, http_req, open).await
+        })
+    }
+}
+
+/// Bedrock's `application/vnd.amazon.eventstream` framing: length-prefixed
+/// binary messages with CRC-32 checksums, decoded (and checked) by
+/// `aws-smithy-eventstream`; payloads are JSON.
+#[derive(Debug, Default)]
+pub(crate) struct EventStreamWire {
+    buf: bytes::BytesMut,
+    stopped: bool,
+    failed: bool,
+}
+
+/// The largest event-stream message accepted (1 MiB, as for SSE events).
+const MAX_MESSAGE_LEN: usize = crate::stream::MAX_EVENT;
+
+impl crate::streaming::Wire for EventStreamWire {
+    fn feed(
+        &mut self,
+        bytes: &[u8],
+        out: &mut std::collections::VecDeque<Result<StreamItem, Failure>>,
+    ) {
+        if self.failed {
+            return;
+        }
+        self.buf.extend_from_slice(bytes);
+        while let Some(prelude) = self.buf.get(..4) {
+            let mut len = [0u8; 4];
+            len.copy_from_slice(prelude);
+            let total = u32::from_be_bytes(len) as usize;
+            if !(16..=MAX_MESSAGE_LEN).contains(&total) {
+                self.failed = true;
+                out.push_back(Err(invalid(
+                    PROVIDER,
+                    format!("an event-stream message declares {total} bytes"),
+                )));
+                return;
+            }
+            if self.buf.len() < total {
+                return;
+            }
+            let frame = self.buf.split_to(total).freeze();
+            let item = aws_smithy_eventstream::frame::read_message_from(frame)
+                .map_err(|e| invalid(PROVIDER, format!("event-stream message: {e}")))
+                .and_then(|message| {
+                    let header = |name: &str| {
+                        message
+                            .headers()
+                            .iter()
+                            .find(|h| h.name().as_str() == name)
+                            .and_then(|h| h.value().as_string().ok())
+                            .map(|v| v.as_str().to_owned())
+                    };
+                    match header(":message-type").as_deref() {
+                        Some("event") => event(
+                            header(":event-type").as_deref().unwrap_or_default(),
+                            message.payload(),
+                        ),
+                        Some("exception") => Err(exception(
+                            header(":exception-type").as_deref().unwrap_or_default(),
+                            message.payload(),
+                        )),
+                        // The protocol's generic error message (not seen
+                        // from Bedrock).
+                        _ => Err(Failure::new(FailureClass::Transient)
+                            .with_provider(PROVIDER)
+                            .with_message(bounded(&format!(
+                                "event-stream error {}: {}",
+                                header(":error-code").unwrap_or_default(),
+                                header(":error-message").unwrap_or_default()
+                            )))),
+                    }
+                });
+            if let Ok(StreamItem::Chunk(c)) = &item {
+                self.stopped |= c.finish_reason.is_some();
+            }
+            self.failed = item.is_err();
+            out.push_back(item);
+            if self.failed {
+                return;
+            }
+        }
+    }
+
+    fn ended_cleanly(&mut self) -> bool {
+        // `metadata` (the usage) follows `messageStop`: the end of the body
+        // after `messageStop` is the terminator.
+        self.stopped && self.buf.is_empty()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StreamEvent {
+    #[serde(default)]
+    content_block_index: u32,
+    #[serde(default)]
+    start: Option<StreamStart>,
+    #[serde(default)]
+    delta: Option<StreamDelta>,
+    #[serde(default)]
+    stop_reason: Option<String>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StreamStart {
+    #[serde(default)]
+    tool_use: Option<StreamToolStart>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StreamToolStart {
+    name: String,
+    tool_use_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StreamDelta {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    tool_use: Option<StreamToolDelta>,
+}
+
+#[derive(Deserialize)]
+struct StreamToolDelta {
+    #[serde(default)]
+    input: String,
+}
+
+/// One ConverseStream event (`messageStart`, `contentBlockStart`,
+/// `contentBlockDelta`, `contentBlockStop`, `messageStop`, `metadata`).
+fn event(kind: &str, payload: &[u8]) -> Result<StreamItem, Failure> {
+    if !matches!(
+        kind,
+        "contentBlockStart" | "contentBlockDelta" | "messageStop" | "metadata"
+    ) {
+        return Ok(StreamItem::Skip);
+    }
+    let e: StreamEvent = serde_json::from_slice(payload).map_err(|e| invalid(PROVIDER, e))?;
+    let index = e.content_block_index;
+    let chunk = match kind {
+        "contentBlockStart" => match e.start.and_then(|s| s.tool_use) {
+            Some(t) => ChatChunk {
+                tool_call: Some(ToolCallDelta {
+                    index,
+                    id: Some(t.tool_use_id),
+                    name: Some(t.name),
+                    arguments: String::new(),
+                }),
+                ..ChatChunk::default()
+            },
+            None => return Ok(StreamItem::Skip),
+        },
+        "contentBlockDelta" => match e.delta {
+            Some(StreamDelta {
+                text: Some(text), ..
+            }) => ChatChunk {
+                text: Some(text),
+                ..ChatChunk::default()
+            },
+            Some(StreamDelta {
+                tool_use: Some(t), ..
+            }) => ChatChunk {
+                tool_call: Some(ToolCallDelta {
+                    index,
+                    id: None,
+                    name: None,
+                    arguments: t.input,
+                }),
+                ..ChatChunk::default()
+            },
+            // Reasoning, citations, images: not normalised.
+            _ => return Ok(StreamItem::Skip),
+        },
+        "messageStop" => ChatChunk {
+            finish_reason: Some(finish_reason(e.stop_reason.as_deref())),
+            ..ChatChunk::default()
+        },
+        _ => match e.usage {
+            Some(u) => ChatChunk {
+                usage: Some(usage(&u)),
+                ..ChatChunk::default()
+            },
+            None => return Ok(StreamItem::Skip),
+        },
+    };
+    Ok(StreamItem::Chunk(chunk))
+}
+
+/// An exception message of a stream, classified by its type (the HTTP
+/// codes of the Smithy model: throttling 429, service unavailable 503,
+/// internal 500, model stream error 424, validation 400).
+fn exception(kind: &str, payload: &[u8]) -> Failure {
+    let e: WireError<'_> = serde_json::from_slice(payload).unwrap_or_default();
+    let message = e.message.as_deref().unwrap_or_default();
+    let class = match kind {
+        "throttlingException" => FailureClass::RateLimited,
+        "validationException" if is_context_window(message) => FailureClass::ContextWindowExceeded,
+        "validationException" => FailureClass::BadRequest,
+        "accessDeniedException" => FailureClass::Auth,
+        // serviceUnavailable, internalServer, modelStreamError, unknown.
+        _ => FailureClass::Transient,
+    };
+    let mut f = Failure::new(class).with_provider(PROVIDER);
+    if !message.is_empty() {
+        f = f.with_message(bounded(&format!("{kind}: {message}")));
+    }
+    f
+}
+
 /// Characters kept as they are in a path segment (RFC 3986 unreserved).
 fn encode_path_segment(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -224,12 +485,21 @@ pub fn signed_request(
     config: &BedrockConfig,
     req: &ChatRequest,
 ) -> Result<http::Request<RequestBody>, Failure> {
+    signed(config, req, "converse")
+}
+
+/// The request for `action` (`converse` or `converse-stream`), signed.
+fn signed(
+    config: &BedrockConfig,
+    req: &ChatRequest,
+    action: &str,
+) -> Result<http::Request<RequestBody>, Failure> {
     use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
     use aws_sigv4::sign::v4;
 
     let body = crate::to_json(PROVIDER, &encode(req)?)?;
     let uri = format!(
-        "{}/model/{}/converse",
+        "{}/model/{}/{action}",
         config.endpoint,
         encode_path_segment(&req.model)
     );
@@ -477,8 +747,6 @@ pub fn decode(
             });
         }
     }
-    let cache_read = wire.usage.cache_read_input_tokens.unwrap_or(0);
-    let cache_write = wire.usage.cache_write_input_tokens.unwrap_or(0);
     Ok(ChatResponse {
         id: request_id.to_owned(),
         model: model.to_owned(),
@@ -489,26 +757,47 @@ pub fn decode(
             index: 0,
             text,
             tool_calls,
-            finish_reason: match wire.stop_reason.as_deref() {
-                Some("end_turn" | "stop_sequence") => FinishReason::Stop,
-                Some("max_tokens") => FinishReason::Length,
-                Some("tool_use") => FinishReason::ToolCalls,
-                Some("guardrail_intervened" | "content_filtered") => FinishReason::ContentFilter,
-                _ => FinishReason::Other,
-            },
+            finish_reason: finish_reason(wire.stop_reason.as_deref()),
         }],
-        usage: Usage {
-            prompt_tokens: wire
-                .usage
-                .input_tokens
-                .saturating_add(cache_read)
-                .saturating_add(cache_write),
-            completion_tokens: wire.usage.output_tokens,
-            cached_input_tokens: cache_read,
-        },
+        usage: usage(&wire.usage),
         latency,
         attempts: Vec::new(),
     })
+}
+
+/// The normalised finish reason of a Converse `stopReason`.
+fn finish_reason(stop_reason: Option<&str>) -> FinishReason {
+    match stop_reason {
+        Some("end_turn" | "stop_sequence") => FinishReason::Stop,
+        Some("max_tokens") => FinishReason::Length,
+        Some("tool_use") => FinishReason::ToolCalls,
+        Some("guardrail_intervened" | "content_filtered") => FinishReason::ContentFilter,
+        _ => FinishReason::Other,
+    }
+}
+
+/// Converse token counts; `prompt_tokens` counts every input token.
+fn usage(u: &WireUsage) -> Usage {
+    let cache_read = u.cache_read_input_tokens.unwrap_or(0);
+    let cache_write = u.cache_write_input_tokens.unwrap_or(0);
+    Usage {
+        prompt_tokens: u
+            .input_tokens
+            .saturating_add(cache_read)
+            .saturating_add(cache_write),
+        completion_tokens: u.output_tokens,
+        cached_input_tokens: cache_read,
+    }
+}
+
+/// `true` for a validation message saying the input is over the model's
+/// context window (matched lower-case).
+fn is_context_window(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    message.contains("input is too long")
+        || message.contains("prompt is too long")
+        || message.contains("too many input tokens")
+        || message.contains("context length")
 }
 
 #[derive(Deserialize, Default)]
@@ -550,12 +839,7 @@ pub fn decode_error(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Fai
                 | "ModelErrorException",
             ) => FailureClass::Transient,
             Some("ModelTimeoutException") => FailureClass::Timeout,
-            Some("ValidationException")
-                if message.contains("input is too long")
-                    || message.contains("prompt is too long")
-                    || message.contains("too many input tokens")
-                    || message.contains("context length") =>
-            {
+            Some("ValidationException") if is_context_window(&message) => {
                 FailureClass::ContextWindowExceeded
             }
             Some("ValidationException") => FailureClass::BadRequest,

@@ -78,6 +78,7 @@ pub mod mock;
 pub mod openai;
 mod secret;
 pub mod stream;
+pub mod streaming;
 mod transport;
 mod wire;
 
@@ -85,6 +86,7 @@ pub use anthropic::{Anthropic, AnthropicConfig};
 pub use bedrock::{AwsCredentials, Bedrock, BedrockConfig};
 pub use openai::{OpenAi, OpenAiConfig, OpenAiEmbeddings};
 pub use secret::ApiKey;
+pub use streaming::{StreamFuture, StreamSource, StreamTimeouts, Streaming};
 pub use transport::{DEFAULT_MAX_BODY, MAX_MESSAGE, RequestBody};
 
 /// The response future of the provider services: boxed, since a provider

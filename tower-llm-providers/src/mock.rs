@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -21,6 +22,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
+use std::future::Future as _;
 use tower_llm_core::BoxError;
 use tower_service::Service;
 
@@ -57,6 +59,117 @@ pub enum Reply {
     /// A 200 `text/event-stream` body made of these events (each already
     /// framed, for example `data: {...}\n\n`).
     Sse(Vec<String>),
+    /// The reply this function builds from the request (for example, an
+    /// echo of the prompt).
+    With(fn(&Recorded) -> Reply),
+    /// A 200 streamed body with this content type, played step by step
+    /// (pauses, stalls and breaks between the bytes).
+    Stream {
+        /// The `content-type` header.
+        content_type: String,
+        /// What the body does, in order.
+        steps: Vec<Step>,
+    },
+}
+
+/// One step of a [`Reply::Stream`] body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Sends these bytes as one body frame.
+    Send(Bytes),
+    /// Waits (tokio time: virtual in paused tests).
+    Pause(Duration),
+    /// Sends nothing more and never ends (the connection stays open).
+    Stall,
+    /// The connection breaks off here.
+    Break,
+}
+
+impl Step {
+    /// One server-sent event: `event: NAME` (if given) and `data: DATA`.
+    pub fn sse(event: Option<&str>, data: &str) -> Self {
+        let mut text = String::new();
+        if let Some(event) = event {
+            text.push_str("event: ");
+            text.push_str(event);
+            text.push('\n');
+        }
+        text.push_str("data: ");
+        text.push_str(data);
+        text.push_str("\n\n");
+        Step::Send(Bytes::from(text))
+    }
+
+    /// An OpenAI stream chunk with `text` as the delta.
+    pub fn openai_text(text: &str) -> Self {
+        let chunk = serde_json::json!({
+            "id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0,
+            "model": "mock-model",
+            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]
+        });
+        Step::sse(None, &chunk.to_string())
+    }
+
+    /// An Anthropic `content_block_delta` with `text`.
+    pub fn anthropic_text(text: &str) -> Self {
+        let delta = serde_json::json!({
+            "type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": text}
+        });
+        Step::sse(Some("content_block_delta"), &delta.to_string())
+    }
+
+    /// A Bedrock ConverseStream `contentBlockDelta` message with `text`.
+    pub fn bedrock_text(text: &str) -> Self {
+        let payload = serde_json::json!({"contentBlockIndex": 0, "delta": {"text": text}});
+        Step::bedrock_event("contentBlockDelta", &payload.to_string())
+    }
+
+    /// One Bedrock event-stream message (`:message-type` `event`) with a
+    /// JSON payload, framed with its CRCs.
+    pub fn bedrock_event(event_type: &str, payload: &str) -> Self {
+        Step::Send(event_stream_message(
+            &[
+                (":event-type", event_type),
+                (":content-type", "application/json"),
+                (":message-type", "event"),
+            ],
+            payload,
+        ))
+    }
+
+    /// One Bedrock event-stream exception message (for example
+    /// `throttlingException`) with `{"message": ...}`.
+    pub fn bedrock_exception(exception_type: &str, message: &str) -> Self {
+        let payload = serde_json::json!({ "message": message });
+        Step::Send(event_stream_message(
+            &[
+                (":exception-type", exception_type),
+                (":content-type", "application/json"),
+                (":message-type", "exception"),
+            ],
+            &payload.to_string(),
+        ))
+    }
+}
+
+/// Frames one event-stream message (string headers, prelude and message
+/// CRCs) with `aws-smithy-eventstream`.
+fn event_stream_message(headers: &[(&str, &str)], payload: &str) -> Bytes {
+    use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
+    let mut message = Message::new(Bytes::copy_from_slice(payload.as_bytes()));
+    for (name, value) in headers {
+        message = message.add_header(Header::new(
+            (*name).to_owned(),
+            HeaderValue::String((*value).to_owned().into()),
+        ));
+    }
+    let mut out = Vec::new();
+    // Writing to a Vec only fails for headers or payloads over 4 GiB.
+    if aws_smithy_eventstream::frame::write_message_to(&message, &mut out).is_err() {
+        out.clear();
+    }
+    Bytes::from(out)
 }
 
 impl Reply {
@@ -111,10 +224,143 @@ impl Reply {
         Reply::json(status, body.to_string())
     }
 
+    /// A 200 stream with this content type playing `steps`.
+    pub fn stream(content_type: &str, steps: Vec<Step>) -> Self {
+        Reply::Stream {
+            content_type: content_type.into(),
+            steps,
+        }
+    }
+
+    /// A 200 `text/event-stream` playing `steps`.
+    pub fn sse_steps(steps: Vec<Step>) -> Self {
+        Reply::stream("text/event-stream", steps)
+    }
+
+    /// A complete OpenAI stream: a role chunk, one chunk per piece of
+    /// `pieces`, a stop chunk, a usage chunk and `[DONE]`.
+    pub fn openai_stream(pieces: &[&str]) -> Self {
+        Reply::sse_steps(openai_stream_steps(pieces, true))
+    }
+
+    /// A complete Anthropic stream: `message_start`, `content_block_start`,
+    /// a `ping`, one delta per piece, `content_block_stop`, `message_delta`
+    /// (stop reason, usage) and `message_stop`.
+    pub fn anthropic_stream(pieces: &[&str]) -> Self {
+        Reply::sse_steps(anthropic_stream_steps(pieces, true))
+    }
+
+    /// A complete Bedrock ConverseStream: `messageStart`, one
+    /// `contentBlockDelta` per piece, `contentBlockStop`, `messageStop` and
+    /// `metadata` with usage, in AWS event-stream framing.
+    pub fn bedrock_stream(pieces: &[&str]) -> Self {
+        Reply::stream(
+            "application/vnd.amazon.eventstream",
+            bedrock_stream_steps(pieces, true),
+        )
+    }
+
     /// Malformed JSON with status 200.
     pub fn malformed() -> Self {
         Reply::json(200, "{\"id\": \"x\", \"choices\": [")
     }
+}
+
+/// The steps of an OpenAI stream of `pieces`, with the stop chunk, the
+/// usage chunk and `[DONE]` when `terminated`.
+pub fn openai_stream_steps(pieces: &[&str], terminated: bool) -> Vec<Step> {
+    let chunk = |delta: serde_json::Value, finish: serde_json::Value| {
+        serde_json::json!({
+            "id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0,
+            "model": "mock-model",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+        })
+        .to_string()
+    };
+    let mut steps = vec![Step::sse(
+        None,
+        &chunk(
+            serde_json::json!({"role": "assistant", "content": ""}),
+            serde_json::Value::Null,
+        ),
+    )];
+    steps.extend(pieces.iter().map(|p| Step::openai_text(p)));
+    if terminated {
+        steps.push(Step::sse(
+            None,
+            &chunk(serde_json::json!({}), "stop".into()),
+        ));
+        let usage = serde_json::json!({
+            "id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0,
+            "model": "mock-model", "choices": [],
+            "usage": {"prompt_tokens": 10, "completion_tokens": pieces.len(), "total_tokens": 10 + pieces.len()}
+        });
+        steps.push(Step::sse(None, &usage.to_string()));
+        steps.push(Step::sse(None, "[DONE]"));
+    }
+    steps
+}
+
+/// The steps of an Anthropic stream of `pieces`, through `message_stop`
+/// when `terminated`.
+pub fn anthropic_stream_steps(pieces: &[&str], terminated: bool) -> Vec<Step> {
+    let start = serde_json::json!({
+        "type": "message_start",
+        "message": {"id": "msg_mock", "type": "message", "role": "assistant", "content": [],
+                    "model": "mock-model", "stop_reason": null,
+                    "usage": {"input_tokens": 10, "output_tokens": 1}}
+    });
+    let mut steps = vec![
+        Step::sse(Some("message_start"), &start.to_string()),
+        Step::sse(
+            Some("content_block_start"),
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        ),
+        Step::sse(Some("ping"), r#"{"type": "ping"}"#),
+    ];
+    steps.extend(pieces.iter().map(|p| Step::anthropic_text(p)));
+    if terminated {
+        steps.push(Step::sse(
+            Some("content_block_stop"),
+            r#"{"type":"content_block_stop","index":0}"#,
+        ));
+        let delta = serde_json::json!({
+            "type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+            "usage": {"output_tokens": pieces.len()}
+        });
+        steps.push(Step::sse(Some("message_delta"), &delta.to_string()));
+        steps.push(Step::sse(
+            Some("message_stop"),
+            r#"{"type":"message_stop"}"#,
+        ));
+    }
+    steps
+}
+
+/// The steps of a Bedrock ConverseStream of `pieces`, through
+/// `messageStop` and `metadata` when `terminated`.
+pub fn bedrock_stream_steps(pieces: &[&str], terminated: bool) -> Vec<Step> {
+    let mut steps = vec![Step::bedrock_event(
+        "messageStart",
+        r#"{"role":"assistant"}"#,
+    )];
+    steps.extend(pieces.iter().map(|p| Step::bedrock_text(p)));
+    if terminated {
+        steps.push(Step::bedrock_event(
+            "contentBlockStop",
+            r#"{"contentBlockIndex":0}"#,
+        ));
+        steps.push(Step::bedrock_event(
+            "messageStop",
+            r#"{"stopReason":"end_turn"}"#,
+        ));
+        let metadata = serde_json::json!({
+            "usage": {"inputTokens": 10, "outputTokens": pieces.len(), "totalTokens": 10 + pieces.len()},
+            "metrics": {"latencyMs": 1}
+        });
+        steps.push(Step::bedrock_event("metadata", &metadata.to_string()));
+    }
+    steps
 }
 
 /// What a double received.
@@ -135,6 +381,7 @@ struct Script {
     replies: VecDeque<Reply>,
     fallback: Reply,
     received: Vec<Recorded>,
+    aborted: Arc<AtomicUsize>,
 }
 
 impl Script {
@@ -184,6 +431,7 @@ impl ScriptedTransport {
                 replies: VecDeque::new(),
                 fallback,
                 received: Vec::new(),
+                aborted: Arc::new(AtomicUsize::new(0)),
             })),
         }
     }
@@ -203,6 +451,12 @@ impl ScriptedTransport {
     /// Every request received so far.
     pub fn received(&self) -> Vec<Recorded> {
         lock(&self.script).received.clone()
+    }
+
+    /// How many [`Reply::Stream`] bodies were dropped before their end
+    /// (the client went away mid-stream).
+    pub fn aborted_streams(&self) -> usize {
+        lock(&self.script).aborted.load(Ordering::SeqCst)
     }
 
     /// An OpenAI-format provider over this transport (key `mock`).
@@ -230,17 +484,22 @@ pub type ScriptedProvider = crate::OpenAi<ScriptedTransport>;
 /// The response body of the doubles.
 #[derive(Debug)]
 pub struct MockBody {
-    chunks: VecDeque<Bytes>,
-    fail_at_end: bool,
+    steps: VecDeque<Step>,
     repeat: Option<(Bytes, usize)>,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Counts a drop before the end (streams only).
+    aborted: Option<Arc<AtomicUsize>>,
+    ended: bool,
 }
 
 impl MockBody {
-    fn full(body: Bytes) -> Self {
+    fn new(steps: impl IntoIterator<Item = Step>) -> Self {
         MockBody {
-            chunks: VecDeque::from([body]),
-            fail_at_end: false,
+            steps: steps.into_iter().collect(),
             repeat: None,
+            sleep: None,
+            aborted: None,
+            ended: false,
         }
     }
 }
@@ -251,10 +510,26 @@ impl Body for MockBody {
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(chunk) = self.chunks.pop_front() {
-            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        loop {
+            if let Some(sleep) = self.sleep.as_mut() {
+                std::task::ready!(sleep.as_mut().poll(cx));
+                self.sleep = None;
+            }
+            match self.steps.pop_front() {
+                Some(Step::Send(chunk)) => return Poll::Ready(Some(Ok(Frame::data(chunk)))),
+                Some(Step::Pause(d)) => self.sleep = Some(Box::pin(tokio::time::sleep(d))),
+                Some(Step::Stall) => {
+                    self.steps.push_front(Step::Stall);
+                    return Poll::Pending;
+                }
+                Some(Step::Break) => {
+                    self.ended = true;
+                    return Poll::Ready(Some(Err("the connection broke off mid-body".into())));
+                }
+                None => break,
+            }
         }
         if let Some((chunk, left)) = self.repeat.as_mut() {
             if *left > 0 {
@@ -263,11 +538,12 @@ impl Body for MockBody {
                 return Poll::Ready(Some(Ok(Frame::data(chunk.slice(..n)))));
             }
         }
-        if self.fail_at_end {
-            self.fail_at_end = false;
-            return Poll::Ready(Some(Err("the connection broke off mid-body".into())));
-        }
+        self.ended = true;
         Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.steps.is_empty() && self.repeat.as_ref().is_none_or(|(_, left)| *left == 0)
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -275,9 +551,17 @@ impl Body for MockBody {
     }
 }
 
+impl Drop for MockBody {
+    fn drop(&mut self) {
+        if let (false, Some(aborted)) = (self.ended, &self.aborted) {
+            aborted.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
 /// Builds the response for `reply` (after any delay), or `None` for a reset
 /// or a hang (which never returns).
-async fn respond(reply: Reply) -> Option<http::Response<MockBody>> {
+async fn respond(reply: Reply, aborted: Arc<AtomicUsize>) -> Option<http::Response<MockBody>> {
     let mut reply = reply;
     loop {
         match reply {
@@ -286,13 +570,14 @@ async fn respond(reply: Reply) -> Option<http::Response<MockBody>> {
                 reply = *inner;
             }
             Reply::Hang => std::future::pending::<()>().await,
-            Reply::Reset => return None,
+            // Resolved against the request before `respond`.
+            Reply::Reset | Reply::With(_) => return None,
             Reply::Answer {
                 status,
                 headers,
                 body,
             } => {
-                let mut res = http::Response::new(MockBody::full(body));
+                let mut res = http::Response::new(MockBody::new([Step::Send(body)]));
                 *res.status_mut() =
                     StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
                 for (k, v) in headers {
@@ -306,29 +591,34 @@ async fn respond(reply: Reply) -> Option<http::Response<MockBody>> {
                 return Some(res);
             }
             Reply::Truncated { sent } => {
-                return Some(http::Response::new(MockBody {
-                    chunks: VecDeque::from([sent]),
-                    fail_at_end: true,
-                    repeat: None,
-                }));
+                return Some(http::Response::new(MockBody::new([
+                    Step::Send(sent),
+                    Step::Break,
+                ])));
             }
             Reply::Oversized { len } => {
-                return Some(http::Response::new(MockBody {
-                    chunks: VecDeque::new(),
-                    fail_at_end: false,
-                    repeat: Some((Bytes::from(vec![b' '; 64 * 1024]), len)),
-                }));
+                let mut body = MockBody::new([]);
+                body.repeat = Some((Bytes::from(vec![b' '; 64 * 1024]), len));
+                return Some(http::Response::new(body));
             }
             Reply::Sse(events) => {
-                let mut res = http::Response::new(MockBody {
-                    chunks: events.into_iter().map(Bytes::from).collect(),
-                    fail_at_end: false,
-                    repeat: None,
-                });
-                res.headers_mut().insert(
-                    "content-type",
-                    HeaderValue::from_static("text/event-stream"),
+                reply = Reply::sse_steps(
+                    events
+                        .into_iter()
+                        .map(|e| Step::Send(Bytes::from(e)))
+                        .collect(),
                 );
+            }
+            Reply::Stream {
+                content_type,
+                steps,
+            } => {
+                let mut body = MockBody::new(steps);
+                body.aborted = Some(aborted);
+                let mut res = http::Response::new(body);
+                if let Ok(v) = HeaderValue::from_str(&content_type) {
+                    res.headers_mut().insert("content-type", v);
+                }
                 return Some(res);
             }
         }
@@ -354,7 +644,7 @@ impl Service<http::Request<RequestBody>> for ScriptedTransport {
                 .await
                 .map(|b| b.to_bytes())
                 .unwrap_or_default();
-            let reply = {
+            let (reply, aborted) = {
                 let mut s = lock(&script);
                 s.received.push(Recorded {
                     method: parts.method,
@@ -365,9 +655,13 @@ impl Service<http::Request<RequestBody>> for ScriptedTransport {
                     headers: parts.headers,
                     body,
                 });
-                s.next()
+                let mut reply = s.next();
+                if let (Reply::With(build), Some(req)) = (&reply, s.received.last()) {
+                    reply = build(req);
+                }
+                (reply, s.aborted.clone())
             };
-            respond(reply).await.ok_or_else(|| {
+            respond(reply, aborted).await.ok_or_else(|| {
                 BoxError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
             })
         })
@@ -433,6 +727,12 @@ impl MockServer {
     /// Every request received so far.
     pub fn received(&self) -> Vec<Recorded> {
         lock(&self.script).received.clone()
+    }
+
+    /// How many [`Reply::Stream`] bodies were dropped before their end: the
+    /// client closed the connection mid-stream.
+    pub fn aborted_streams(&self) -> usize {
+        lock(&self.script).aborted.load(Ordering::SeqCst)
     }
 }
 

@@ -131,7 +131,10 @@ where
         let mut transport = take_ready(&mut self.transport);
         let config = self.config.clone();
         Box::pin(async move {
-            let body = crate::to_json(PROVIDER, &encode_with(&req, config.max_completion_tokens))?;
+            let body = crate::to_json(
+                PROVIDER,
+                &encode_body(&req, config.max_completion_tokens, false),
+            )?;
             let http_req = post(&config, "chat/completions", body)?;
             let Answer {
                 parts,
@@ -147,6 +150,62 @@ where
                 ));
             }
             decode(&bytes, latency).map_err(|f| f.with_status(parts.status))
+        })
+    }
+}
+
+impl<T> OpenAi<T> {
+    /// This provider as a streaming service (`stream: true` with
+    /// `stream_options.include_usage`); see [`Streaming`](crate::Streaming).
+    pub fn streaming(self) -> crate::Streaming<Self> {
+        crate::Streaming::new(self)
+    }
+}
+
+impl<T> crate::streaming::private::Sealed for OpenAi<T> {}
+
+impl<T, B> crate::StreamSource for OpenAi<T>
+where
+    T: Service<http::Request<RequestBody>, Response = http::Response<B>> + Clone + Send + 'static,
+    T::Future: Send + 'static,
+    T::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    fn poll_ready_stream(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failure>> {
+        poll_transport(&mut self.transport, cx, PROVIDER)
+    }
+
+    fn open_stream(
+        &mut self,
+        req: ChatRequest,
+        timeouts: crate::StreamTimeouts,
+    ) -> crate::StreamFuture {
+        let transport = take_ready(&mut self.transport);
+        let config = self.config.clone();
+        Box::pin(async move {
+            let body = crate::to_json(
+                PROVIDER,
+                &encode_body(&req, config.max_completion_tokens, true),
+            )?;
+            let http_req = post(&config, "chat/completions", body)?;
+            let open = crate::streaming::Open {
+                wire: crate::streaming::SseWire::new(crate::stream::openai_event),
+                provider: PROVIDER,
+                model: req.model.clone(),
+                max_error_body: config.max_body,
+                timeouts,
+                deadline: tower_llm_core::Deadline::of(&req.extensions),
+                error: |parts: &http::response::Parts, body: &[u8]| {
+                    decode_error_scrubbed(
+                        parts.status,
+                        &parts.headers,
+                        body,
+                        Some(config.api_key.expose()),
+                    )
+                },
+            };
+            crate::streaming::open(transport, http_req, open).await
         })
     }
 }
@@ -167,7 +226,9 @@ fn post(
         .map_err(build_error(PROVIDER))
 }
 
-/// The Chat Completions request body for `req` (`max_tokens` as is).
+/// The Chat Completions request body for `req` (`max_tokens` as is). With
+/// `req.stream` set it asks for a stream with usage
+/// (`stream_options.include_usage`).
 pub fn encode(req: &ChatRequest) -> Value {
     encode_with(req, false)
 }
@@ -175,12 +236,19 @@ pub fn encode(req: &ChatRequest) -> Value {
 /// The Chat Completions request body for `req`, sending `max_tokens` as
 /// `max_completion_tokens` when `max_completion_tokens` is set.
 pub fn encode_with(req: &ChatRequest, max_completion_tokens: bool) -> Value {
+    encode_body(req, max_completion_tokens, req.stream)
+}
+
+fn encode_body(req: &ChatRequest, max_completion_tokens: bool, stream: bool) -> Value {
     let mut body = json!({
         "model": req.model,
         "messages": req.messages.iter().map(encode_message).collect::<Vec<_>>(),
-        "stream": false,
+        "stream": stream,
     });
     let obj = body.as_object_mut().expect("a JSON object literal");
+    if stream {
+        obj.insert("stream_options".into(), json!({"include_usage": true}));
+    }
     if !req.tools.is_empty() {
         obj.insert(
             "tools".into(),

@@ -59,64 +59,90 @@ impl SseParser {
     /// invalid-response failure (the stream cannot be trusted after it).
     pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<SseEvent>, Failure> {
         let mut events = Vec::new();
-        for &b in bytes {
-            if self.skip_lf {
-                self.skip_lf = false;
-                if b == b'\n' {
-                    continue;
-                }
-            }
-            match b {
-                b'\n' | b'\r' => {
-                    self.skip_lf = b == b'\r';
-                    if let Some(event) = self.end_line()? {
-                        events.push(event);
-                    }
-                }
-                _ => {
-                    if self.line.len() + self.data.len() >= MAX_EVENT {
-                        return Err(too_big());
-                    }
-                    self.line.push(b);
-                }
-            }
-        }
+        self.push_with(bytes, |e| events.push(e))?;
         Ok(events)
     }
 
+    /// Feeds the next bytes, handing each event they complete to `on_event`
+    /// (no allocation for the events themselves).
+    ///
+    /// # Errors
+    ///
+    /// As [`push`](Self::push).
+    pub fn push_with(
+        &mut self,
+        bytes: &[u8],
+        mut on_event: impl FnMut(SseEvent),
+    ) -> Result<(), Failure> {
+        let mut rest = bytes;
+        while let Some(&b) = rest.first() {
+            if self.skip_lf {
+                self.skip_lf = false;
+                if b == b'\n' {
+                    rest = &rest[1..];
+                    continue;
+                }
+            }
+            // Copy up to the end of the line in one go.
+            let end = rest
+                .iter()
+                .position(|&c| c == b'\n' || c == b'\r')
+                .unwrap_or(rest.len());
+            if self.line.len() + self.data.len() + end > MAX_EVENT {
+                return Err(too_big());
+            }
+            self.line.extend_from_slice(&rest[..end]);
+            let Some(&terminator) = rest.get(end) else {
+                break;
+            };
+            rest = &rest[end + 1..];
+            self.skip_lf = terminator == b'\r';
+            if let Some(event) = self.end_line()? {
+                on_event(event);
+            }
+        }
+        Ok(())
+    }
+
     fn end_line(&mut self) -> Result<Option<SseEvent>, Failure> {
-        let line = std::mem::take(&mut self.line);
-        if line.is_empty() {
+        if self.line.is_empty() {
             // Dispatch.
             let event = self.event.take();
             let data = std::mem::take(&mut self.data);
             let had = std::mem::replace(&mut self.has_data, false);
             return Ok(had.then_some(SseEvent { event, data }));
         }
-        let line = String::from_utf8(line).map_err(|_| {
+        let SseParser {
+            line,
+            event,
+            data,
+            has_data,
+            ..
+        } = self;
+        let text = std::str::from_utf8(line).map_err(|_| {
             Failure::new(FailureClass::InvalidResponse).with_message("an SSE line is not UTF-8")
         })?;
-        if line.starts_with(':') {
-            return Ok(None);
-        }
-        let (field, value) = match line.split_once(':') {
-            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
-            None => (line.as_str(), ""),
-        };
-        match field {
-            "event" => self.event = Some(value.to_owned()),
-            "data" => {
-                if self.has_data {
-                    self.data.push('\n');
+        if !text.starts_with(':') {
+            let (field, value) = match text.split_once(':') {
+                Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+                None => (text, ""),
+            };
+            match field {
+                "event" => *event = Some(value.to_owned()),
+                "data" => {
+                    if *has_data {
+                        data.push('\n');
+                    }
+                    data.push_str(value);
+                    *has_data = true;
+                    if data.len() > MAX_EVENT {
+                        return Err(too_big());
+                    }
                 }
-                self.data.push_str(value);
-                self.has_data = true;
-                if self.data.len() > MAX_EVENT {
-                    return Err(too_big());
-                }
+                _ => {}
             }
-            _ => {}
         }
+        line.clear();
         Ok(None)
     }
 }

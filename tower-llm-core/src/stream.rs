@@ -1,0 +1,335 @@
+//! [`ChatStream`]: a streamed chat answer, as the streaming provider
+//! services return it.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_core::Stream;
+
+use crate::{
+    AttemptRecord, ChatChunk, ChatResponse, Choice, Failure, FinishReason, Link, RecordsAttempts,
+    ToolCall, Usage,
+};
+
+/// The boxed chunk stream inside a [`ChatStream`].
+pub type ChunkStream = Pin<Box<dyn Stream<Item = Result<ChatChunk, Failure>> + Send>>;
+
+/// A streamed chat answer: a [`Stream`] of normalised [`ChatChunk`]s.
+///
+/// # The commit point
+///
+/// A streaming service returns its `ChatStream` only once the provider has
+/// sent the first content frame (text or a tool-call fragment). Everything
+/// that goes wrong before that (an HTTP error, an in-band error event, an
+/// empty stream, no first frame within the first-token timeout) is an
+/// ordinary `Err` from the service, which retry, breaker and fallback treat
+/// exactly like a failed unary call. Once a `ChatStream` exists, the call
+/// is committed: nothing retries it and no other link replaces it.
+///
+/// # Items
+///
+/// `Ok` chunks in the provider's order, then either the end of the stream
+/// (the provider sent its terminator) or **one** `Err` carrying the failure
+/// class (a mid-stream error event, a connection that broke off, a stall
+/// longer than the idle timeout, the call's deadline, a stream that ended
+/// without its terminator), after which the stream ends. Failures after
+/// the commit point are never seen by the breaker.
+///
+/// Dropping a `ChatStream` drops the upstream response body, which closes
+/// the upstream connection.
+///
+/// ```
+/// use tower_llm_core::{ChatChunk, ChatStream};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let chunk = |t: &str| Ok(ChatChunk { text: Some(t.into()), ..ChatChunk::default() });
+/// let stream = ChatStream::from_chunks("mock", "m", vec![chunk("Hel"), chunk("lo")]);
+/// let answer = stream.collect_response().await.unwrap();
+/// assert_eq!(answer.text(), "Hello");
+/// # }
+/// ```
+pub struct ChatStream {
+    inner: ChunkStream,
+    provider: Arc<str>,
+    model: String,
+    time_to_first_chunk: Duration,
+    fallback_position: u8,
+    degraded: bool,
+    attempts: Vec<AttemptRecord>,
+}
+
+impl ChatStream {
+    /// A stream of `chunks` from `provider`'s `model`.
+    pub fn new<S>(provider: impl Into<Arc<str>>, model: impl Into<String>, chunks: S) -> Self
+    where
+        S: Stream<Item = Result<ChatChunk, Failure>> + Send + 'static,
+    {
+        ChatStream {
+            inner: Box::pin(chunks),
+            provider: provider.into(),
+            model: model.into(),
+            time_to_first_chunk: Duration::ZERO,
+            fallback_position: 0,
+            degraded: false,
+            attempts: Vec::new(),
+        }
+    }
+
+    /// A stream playing `items` (for tests and degraded answers).
+    pub fn from_chunks(
+        provider: impl Into<Arc<str>>,
+        model: impl Into<String>,
+        items: Vec<Result<ChatChunk, Failure>>,
+    ) -> Self {
+        ChatStream::new(provider, model, Iter(items.into_iter()))
+    }
+
+    /// Sets the time from sending the request to the first content frame.
+    #[must_use]
+    pub fn with_time_to_first_chunk(mut self, ttfc: Duration) -> Self {
+        self.time_to_first_chunk = ttfc;
+        self
+    }
+
+    /// The provider that is streaming (for example `"anthropic"`).
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// The model that is streaming.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Time from sending the request to the first content frame (the
+    /// commit point).
+    pub fn time_to_first_chunk(&self) -> Duration {
+        self.time_to_first_chunk
+    }
+
+    /// Position in the fallback chain of the link that serves (0 = primary).
+    pub fn fallback_position(&self) -> u8 {
+        self.fallback_position
+    }
+
+    /// `true` when the fallback layer's degraded step built this answer.
+    pub fn is_degraded(&self) -> bool {
+        self.degraded
+    }
+
+    /// Every attempt the call made up to the commit point.
+    pub fn attempts(&self) -> &[AttemptRecord] {
+        &self.attempts
+    }
+
+    /// Reads the whole stream into one [`ChatResponse`]: text and tool-call
+    /// fragments joined per choice, the last finish reason and usage.
+    ///
+    /// # Errors
+    ///
+    /// The stream's terminal error, if it ends with one.
+    pub async fn collect_response(mut self) -> Result<ChatResponse, Failure> {
+        let started = tokio::time::Instant::now();
+        let mut choices: Vec<Choice> = Vec::new();
+        let mut usage = Usage::default();
+        while let Some(item) = std::future::poll_fn(|cx| Pin::new(&mut self).poll_next(cx)).await {
+            let chunk = item?;
+            let at = match choices.iter().position(|c| c.index == chunk.index) {
+                Some(at) => at,
+                None => {
+                    choices.push(Choice {
+                        index: chunk.index,
+                        text: String::new(),
+                        tool_calls: Vec::new(),
+                        finish_reason: FinishReason::Other,
+                    });
+                    choices.len() - 1
+                }
+            };
+            let choice = &mut choices[at];
+            if let Some(text) = &chunk.text {
+                choice.text.push_str(text);
+            }
+            if let Some(delta) = chunk.tool_call {
+                // A fragment with an id starts a call; the rest append.
+                match (delta.id, choice.tool_calls.last_mut()) {
+                    (None, Some(call)) => call.arguments.push_str(&delta.arguments),
+                    (id, _) => choice.tool_calls.push(ToolCall {
+                        id: id.unwrap_or_default(),
+                        name: delta.name.unwrap_or_default(),
+                        arguments: delta.arguments,
+                    }),
+                }
+            }
+            if let Some(reason) = chunk.finish_reason {
+                choice.finish_reason = reason;
+            }
+            if let Some(u) = chunk.usage {
+                merge_usage(&mut usage, u);
+            }
+        }
+        Ok(ChatResponse {
+            id: String::new(),
+            model: self.model.clone(),
+            provider: self.provider.clone(),
+            fallback_position: self.fallback_position,
+            degraded: self.degraded,
+            choices,
+            usage,
+            latency: self.time_to_first_chunk + started.elapsed(),
+            attempts: std::mem::take(&mut self.attempts),
+        })
+    }
+}
+
+/// Keeps every count a provider reported (Anthropic sends the input tokens
+/// at the start and the output tokens at the end).
+fn merge_usage(into: &mut Usage, u: Usage) {
+    if u.prompt_tokens > 0 {
+        into.prompt_tokens = u.prompt_tokens;
+    }
+    if u.completion_tokens > 0 {
+        into.completion_tokens = u.completion_tokens;
+    }
+    if u.cached_input_tokens > 0 {
+        into.cached_input_tokens = u.cached_input_tokens;
+    }
+}
+
+impl Stream for ChatStream {
+    type Item = Result<ChatChunk, Failure>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.inner.as_mut().poll_next(cx)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.inner.size_hint()
+    }
+}
+
+impl RecordsAttempts for ChatStream {
+    fn record_attempts(&mut self, attempts: Vec<AttemptRecord>) {
+        self.attempts = attempts;
+    }
+
+    fn record_served_by(&mut self, link: &Link) {
+        self.fallback_position = link.position();
+    }
+
+    fn mark_degraded(&mut self) {
+        self.degraded = true;
+    }
+}
+
+impl fmt::Debug for ChatStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChatStream")
+            .field("provider", &self.provider)
+            .field("model", &self.model)
+            .field("time_to_first_chunk", &self.time_to_first_chunk)
+            .field("fallback_position", &self.fallback_position)
+            .field("degraded", &self.degraded)
+            .field("attempts", &self.attempts.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A stream over a vector's items.
+struct Iter(std::vec::IntoIter<Result<ChatChunk, Failure>>);
+
+impl Stream for Iter {
+    type Item = Result<ChatChunk, Failure>;
+
+    fn poll_next(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Poll::Ready(self.0.next())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FailureClass, ToolCallDelta};
+
+    fn text(t: &str) -> Result<ChatChunk, Failure> {
+        Ok(ChatChunk {
+            text: Some(t.into()),
+            ..ChatChunk::default()
+        })
+    }
+
+    #[tokio::test]
+    async fn collects_text_tool_calls_finish_and_usage() {
+        let tool = |id: Option<&str>, args: &str| {
+            Ok(ChatChunk {
+                tool_call: Some(ToolCallDelta {
+                    index: 0,
+                    id: id.map(Into::into),
+                    name: id.map(|_| "get_weather".into()),
+                    arguments: args.into(),
+                }),
+                ..ChatChunk::default()
+            })
+        };
+        let s = ChatStream::from_chunks(
+            "anthropic",
+            "claude",
+            vec![
+                Ok(ChatChunk {
+                    usage: Some(Usage {
+                        prompt_tokens: 25,
+                        completion_tokens: 1,
+                        cached_input_tokens: 0,
+                    }),
+                    ..ChatChunk::default()
+                }),
+                text("Let me "),
+                text("check."),
+                tool(Some("toolu_1"), ""),
+                tool(None, "{\"city\":"),
+                tool(None, "\"Paris\"}"),
+                Ok(ChatChunk {
+                    finish_reason: Some(FinishReason::ToolCalls),
+                    usage: Some(Usage {
+                        prompt_tokens: 0,
+                        completion_tokens: 15,
+                        cached_input_tokens: 0,
+                    }),
+                    ..ChatChunk::default()
+                }),
+            ],
+        );
+        let r = s.collect_response().await.expect("complete");
+        assert_eq!(r.text(), "Let me check.");
+        assert_eq!(r.choices[0].tool_calls.len(), 1);
+        assert_eq!(r.choices[0].tool_calls[0].id, "toolu_1");
+        assert_eq!(r.choices[0].tool_calls[0].arguments, "{\"city\":\"Paris\"}");
+        assert_eq!(r.finish_reason(), Some(FinishReason::ToolCalls));
+        assert_eq!((r.usage.prompt_tokens, r.usage.completion_tokens), (25, 15));
+        assert_eq!(&*r.provider, "anthropic");
+    }
+
+    #[tokio::test]
+    async fn a_terminal_error_is_the_collected_error() {
+        let s = ChatStream::from_chunks(
+            "openai",
+            "m",
+            vec![text("Hel"), Err(Failure::new(FailureClass::Transient))],
+        );
+        assert!(s.collect_response().await.unwrap_err().is_transient());
+    }
+
+    #[test]
+    fn records_what_the_layers_attach() {
+        let mut s = ChatStream::from_chunks("openai", "m", vec![]);
+        s.record_served_by(&Link::new("openai", "m").with_position(2));
+        s.mark_degraded();
+        assert_eq!(s.fallback_position(), 2);
+        assert!(s.is_degraded());
+        assert!(format!("{s:?}").contains("ChatStream"));
+    }
+}

@@ -1,0 +1,531 @@
+//! The streaming services: [`Streaming`] around a provider answers a
+//! [`ChatRequest`] with a [`ChatStream`] at the stream's commit point.
+//!
+//! # The commit point: the first content frame
+//!
+//! The service's future resolves only when the provider has sent the first
+//! content frame (a text delta or a tool-call fragment). Until then, a
+//! failure is an ordinary `Err` of the service, so retry, breaker and
+//! fallback treat it exactly like a failed unary call:
+//!
+//! | before the first content frame | failure class |
+//! |---|---|
+//! | an HTTP error answer | from status, headers and body, as for unary calls |
+//! | an in-band error event (OpenAI `error` object, Anthropic `event: error`, a Bedrock exception message) | from the error's type (`overloaded_error` is transient, throttling is rate limited, ...) |
+//! | a stream that ends, or sends its terminator, with no content | transient |
+//! | no content frame within the first-token timeout | timeout (or deadline exceeded, when the call's deadline came first) |
+//! | a malformed frame | invalid response |
+//!
+//! The peek holds at most the first content frame (plus one merged
+//! preamble chunk with any usage or finish reason sent before it) and hands
+//! it on unchanged; after it the stream is passed through with no per-chunk
+//! buffering.
+//!
+//! After the commit point nothing retries: a mid-stream error event, a
+//! connection that breaks off, a stall longer than the idle timeout, the
+//! call's deadline, or a stream that ends without its terminator (`[DONE]`,
+//! `message_stop`, Bedrock's `messageStop`) ends the [`ChatStream`] with one
+//! terminal `Err` item carrying the failure class. The breaker counts only
+//! failures before the commit point (its call future resolved `Ok` at the
+//! commit).
+//!
+//! Put the layers around a `Streaming` service exactly as around the unary
+//! one; the retry layer's attempt timeout then bounds the time to the first
+//! content frame as well.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_core::Stream;
+use http_body::Body;
+use tokio::time::{Instant, Sleep};
+use tower_llm_core::{
+    BoxError, ChatChunk, ChatRequest, ChatStream, Deadline, Failure, FailureClass,
+};
+use tower_service::Service;
+
+use crate::RequestBody;
+use crate::stream::{SseEvent, SseParser, StreamItem};
+use crate::transport::read_body;
+
+/// The default first-token timeout: 30 s.
+pub const DEFAULT_FIRST_TOKEN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The default inter-chunk idle timeout: 30 s.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The response future of the streaming services.
+pub type StreamFuture = Pin<Box<dyn Future<Output = Result<ChatStream, Failure>> + Send>>;
+
+/// The timeouts of a streaming service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamTimeouts {
+    /// From sending the request to the first content frame.
+    pub first_token: Duration,
+    /// Between two chunks after the commit point (keep-alive pings do not
+    /// count as chunks).
+    pub idle: Duration,
+}
+
+impl Default for StreamTimeouts {
+    fn default() -> Self {
+        StreamTimeouts {
+            first_token: DEFAULT_FIRST_TOKEN_TIMEOUT,
+            idle: DEFAULT_IDLE_TIMEOUT,
+        }
+    }
+}
+
+/// A provider as a streaming `Service<ChatRequest, Response = ChatStream>`;
+/// see the [module docs](self) for the commit point. Build one with
+/// `OpenAi::streaming`, `Anthropic::streaming` or `Bedrock::streaming`.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::ServiceExt;
+/// use tower_llm_core::{ChatRequest, Message};
+/// use tower_llm_providers::mock::{Reply, ScriptedTransport};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let transport = ScriptedTransport::new(Reply::openai_stream(&["Hel", "lo"]));
+/// let streaming = transport
+///     .openai()
+///     .streaming()
+///     .with_first_token_timeout(Duration::from_secs(10))
+///     .with_idle_timeout(Duration::from_secs(5));
+/// let stream = streaming
+///     .oneshot(ChatRequest::new("gpt-4o-mini", vec![Message::user("hi")]))
+///     .await
+///     .unwrap(); // committed: the first content frame arrived
+/// assert_eq!(stream.collect_response().await.unwrap().text(), "Hello");
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Streaming<P> {
+    provider: P,
+    timeouts: StreamTimeouts,
+}
+
+impl<P> Streaming<P> {
+    /// `provider` streaming with the default timeouts (30 s each).
+    pub fn new(provider: P) -> Self {
+        Streaming {
+            provider,
+            timeouts: StreamTimeouts::default(),
+        }
+    }
+
+    /// Sets the first-token timeout (always also bounded by the call's
+    /// deadline).
+    #[must_use]
+    pub fn with_first_token_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.first_token = timeout;
+        self
+    }
+
+    /// Sets the inter-chunk idle timeout (always also bounded by the call's
+    /// deadline).
+    #[must_use]
+    pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.timeouts.idle = timeout;
+        self
+    }
+
+    /// The timeouts.
+    pub fn timeouts(&self) -> StreamTimeouts {
+        self.timeouts
+    }
+
+    /// The provider service.
+    pub fn get_ref(&self) -> &P {
+        &self.provider
+    }
+}
+
+impl<P: StreamSource> Service<ChatRequest> for Streaming<P> {
+    type Response = ChatStream;
+    type Error = Failure;
+    type Future = StreamFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failure>> {
+        self.provider.poll_ready_stream(cx)
+    }
+
+    fn call(&mut self, req: ChatRequest) -> StreamFuture {
+        self.provider.open_stream(req, self.timeouts)
+    }
+}
+
+pub(crate) mod private {
+    /// Seals [`StreamSource`](super::StreamSource).
+    pub trait Sealed {}
+}
+
+/// A provider of this crate that can stream (sealed: OpenAI, Anthropic and
+/// Bedrock).
+pub trait StreamSource: private::Sealed {
+    /// The transport's readiness.
+    #[doc(hidden)]
+    fn poll_ready_stream(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failure>>;
+
+    /// Opens a stream and peeks to its commit point.
+    #[doc(hidden)]
+    fn open_stream(&mut self, req: ChatRequest, timeouts: StreamTimeouts) -> StreamFuture;
+}
+
+/// How a provider's stream bytes become [`StreamItem`]s.
+pub(crate) trait Wire: Send + 'static {
+    /// Feeds the next bytes; decoded items (or one failure) go to `out`.
+    fn feed(&mut self, bytes: &[u8], out: &mut VecDeque<Result<StreamItem, Failure>>);
+
+    /// At the end of the body: `true` when the stream ended properly (for
+    /// a wire whose terminator is the end itself).
+    fn ended_cleanly(&mut self) -> bool {
+        false
+    }
+}
+
+/// Server-sent events decoded by one of the event functions of
+/// [`stream`](crate::stream).
+pub(crate) struct SseWire {
+    parser: SseParser,
+    decode: fn(&SseEvent) -> Result<StreamItem, Failure>,
+    failed: bool,
+}
+
+impl SseWire {
+    pub(crate) fn new(decode: fn(&SseEvent) -> Result<StreamItem, Failure>) -> Self {
+        SseWire {
+            parser: SseParser::new(),
+            decode,
+            failed: false,
+        }
+    }
+}
+
+impl Wire for SseWire {
+    fn feed(&mut self, bytes: &[u8], out: &mut VecDeque<Result<StreamItem, Failure>>) {
+        if self.failed {
+            return;
+        }
+        let decode = self.decode;
+        let mut failed = false;
+        let parsed = self.parser.push_with(bytes, |event| {
+            if !failed {
+                let item = decode(&event);
+                failed = item.is_err();
+                out.push_back(item);
+            }
+        });
+        if let Err(f) = parsed {
+            out.push_back(Err(f));
+            failed = true;
+        }
+        self.failed = failed;
+    }
+}
+
+/// What a committed stream is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Open,
+    Finished,
+}
+
+/// An open provider stream: the body, its decoder, and after the commit
+/// point the idle timer.
+pub(crate) struct Live<B, W> {
+    body: Option<Pin<Box<B>>>,
+    wire: W,
+    queue: VecDeque<Result<StreamItem, Failure>>,
+    preamble: Option<ChatChunk>,
+    first: Option<ChatChunk>,
+    phase: Phase,
+    provider: &'static str,
+    idle: Duration,
+    deadline: Option<Instant>,
+    timer: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+}
+
+impl<B, W> Live<B, W>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    W: Wire,
+{
+    fn new(
+        body: B,
+        wire: W,
+        provider: &'static str,
+        idle: Duration,
+        deadline: Option<Instant>,
+    ) -> Self {
+        Live {
+            body: Some(Box::pin(body)),
+            wire,
+            queue: VecDeque::new(),
+            preamble: None,
+            first: None,
+            phase: Phase::Open,
+            provider,
+            idle,
+            deadline,
+            timer: None,
+            armed: false,
+        }
+    }
+
+    /// The next decoded item; `None` at the end of the body without a
+    /// clean end.
+    fn poll_raw(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<StreamItem, Failure>>> {
+        loop {
+            if let Some(item) = self.queue.pop_front() {
+                return Poll::Ready(Some(item.map_err(|f| f.with_provider(self.provider))));
+            }
+            let Some(body) = self.body.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match ready!(body.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.wire.feed(&data, &mut self.queue);
+                    }
+                }
+                Some(Err(e)) => {
+                    self.body = None;
+                    return Poll::Ready(Some(Err(Failure::new(FailureClass::Transient)
+                        .with_provider(self.provider)
+                        .with_message("the stream broke off")
+                        .with_source(e))));
+                }
+                None => {
+                    self.body = None;
+                    if self.wire.ended_cleanly() {
+                        return Poll::Ready(Some(Ok(StreamItem::Done)));
+                    }
+                    return Poll::Ready(None);
+                }
+            }
+        }
+    }
+
+    /// Reads up to the first content frame (the commit point).
+    async fn peek(mut self) -> Result<Self, Failure> {
+        loop {
+            let item = std::future::poll_fn(|cx| self.poll_raw(cx)).await;
+            match item {
+                Some(Ok(StreamItem::Chunk(chunk))) => {
+                    if is_content(&chunk) {
+                        self.first = Some(chunk);
+                        return Ok(self);
+                    }
+                    if chunk.finish_reason.is_some() || chunk.usage.is_some() {
+                        merge(&mut self.preamble, chunk);
+                    }
+                }
+                Some(Ok(StreamItem::Skip)) => {}
+                Some(Ok(StreamItem::Done)) => {
+                    // A complete answer with no content (for example a
+                    // content filter's stop) is still an answer.
+                    if self
+                        .preamble
+                        .as_ref()
+                        .is_some_and(|p| p.finish_reason.is_some())
+                    {
+                        self.phase = Phase::Finished;
+                        return Ok(self);
+                    }
+                    return Err(self.empty("the stream ended before any content"));
+                }
+                Some(Err(f)) => return Err(f),
+                None => return Err(self.empty("the stream ended before any content")),
+            }
+        }
+    }
+
+    fn empty(&self, message: &'static str) -> Failure {
+        Failure::new(FailureClass::Transient)
+            .with_provider(self.provider)
+            .with_message(message)
+    }
+
+    /// Ends the stream with `failure`.
+    fn fail(&mut self, failure: Failure) -> Poll<Option<Result<ChatChunk, Failure>>> {
+        self.phase = Phase::Finished;
+        self.body = None;
+        self.timer = None;
+        Poll::Ready(Some(Err(failure)))
+    }
+}
+
+impl<B, W> Stream for Live<B, W>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    W: Wire + Unpin,
+{
+    type Item = Result<ChatChunk, Failure>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if let Some(chunk) = this.preamble.take().or_else(|| this.first.take()) {
+            return Poll::Ready(Some(Ok(chunk)));
+        }
+        if this.phase == Phase::Finished {
+            return Poll::Ready(None);
+        }
+        loop {
+            match this.poll_raw(cx) {
+                Poll::Ready(Some(Ok(StreamItem::Chunk(chunk)))) => {
+                    this.armed = false;
+                    return Poll::Ready(Some(Ok(chunk)));
+                }
+                Poll::Ready(Some(Ok(StreamItem::Skip))) => {}
+                Poll::Ready(Some(Ok(StreamItem::Done))) => {
+                    this.phase = Phase::Finished;
+                    this.body = None;
+                    this.timer = None;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Err(f))) => return this.fail(f),
+                Poll::Ready(None) => {
+                    let f = Failure::new(FailureClass::Transient)
+                        .with_provider(this.provider)
+                        .with_message("the stream ended without its terminator");
+                    return this.fail(f);
+                }
+                Poll::Pending => break,
+            }
+        }
+        // Nothing to hand on: the idle window runs from here (a caller
+        // that reads slowly is not a stalled upstream).
+        let now = Instant::now();
+        if !this.armed {
+            this.armed = true;
+            let mut until = now + this.idle;
+            if let Some(deadline) = this.deadline {
+                until = until.min(deadline);
+            }
+            match this.timer.as_mut() {
+                Some(timer) => timer.as_mut().reset(until),
+                None => this.timer = Some(Box::pin(tokio::time::sleep_until(until))),
+            }
+        }
+        let Some(timer) = this.timer.as_mut() else {
+            return Poll::Pending;
+        };
+        ready!(timer.as_mut().poll(cx));
+        let at_deadline = this.deadline.is_some_and(|d| d <= timer.deadline());
+        let failure = if at_deadline {
+            Failure::deadline_exceeded().with_provider(this.provider)
+        } else {
+            Failure::new(FailureClass::Timeout)
+                .with_provider(this.provider)
+                .with_message(format!("no chunk within the {:?} idle timeout", this.idle))
+        };
+        this.fail(failure)
+    }
+}
+
+/// `true` for a chunk carrying content: text or a tool-call fragment.
+fn is_content(chunk: &ChatChunk) -> bool {
+    chunk.text.as_deref().is_some_and(|t| !t.is_empty()) || chunk.tool_call.is_some()
+}
+
+/// Folds a content-free chunk into the preamble (later fields win).
+fn merge(preamble: &mut Option<ChatChunk>, chunk: ChatChunk) {
+    match preamble {
+        None => *preamble = Some(chunk),
+        Some(p) => {
+            p.index = chunk.index;
+            if chunk.finish_reason.is_some() {
+                p.finish_reason = chunk.finish_reason;
+            }
+            if chunk.usage.is_some() {
+                p.usage = chunk.usage;
+            }
+        }
+    }
+}
+
+/// What [`open`] needs besides the transport and the request.
+pub(crate) struct Open<W, E> {
+    pub(crate) wire: W,
+    pub(crate) provider: &'static str,
+    pub(crate) model: String,
+    pub(crate) max_error_body: usize,
+    pub(crate) timeouts: StreamTimeouts,
+    pub(crate) deadline: Option<Deadline>,
+    /// Classifies a non-2xx answer from its parts and body.
+    pub(crate) error: E,
+}
+
+/// Sends `req` and peeks to the commit point, all within the first-token
+/// timeout and the call's deadline.
+pub(crate) async fn open<T, B, W, E>(
+    mut transport: T,
+    req: http::Request<RequestBody>,
+    open: Open<W, E>,
+) -> Result<ChatStream, Failure>
+where
+    T: Service<http::Request<RequestBody>, Response = http::Response<B>>,
+    T::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    W: Wire + Unpin,
+    E: FnOnce(&http::response::Parts, &[u8]) -> Failure,
+{
+    let Open {
+        wire,
+        provider,
+        model,
+        max_error_body,
+        timeouts,
+        deadline,
+        error,
+    } = open;
+    let started = Instant::now();
+    let deadline = deadline.map(Deadline::instant);
+    let mut until = started + timeouts.first_token;
+    if let Some(d) = deadline {
+        until = until.min(d);
+    }
+    let committed = tokio::time::timeout_at(until, async {
+        let res = transport
+            .call(req)
+            .await
+            .map_err(|e| Failure::from_error(e.into()).with_provider(provider))?;
+        let (parts, body) = res.into_parts();
+        if !parts.status.is_success() {
+            let bytes = read_body(body, max_error_body)
+                .await
+                .map_err(|f| f.with_provider(provider))?;
+            return Err(error(&parts, &bytes));
+        }
+        Live::new(body, wire, provider, timeouts.idle, deadline)
+            .peek()
+            .await
+    })
+    .await;
+    match committed {
+        Ok(Ok(live)) => {
+            Ok(ChatStream::new(provider, model, live).with_time_to_first_chunk(started.elapsed()))
+        }
+        Ok(Err(f)) => Err(f),
+        Err(_) if deadline.is_some_and(|d| d <= until) => {
+            Err(Failure::deadline_exceeded().with_provider(provider))
+        }
+        Err(_) => Err(Failure::new(FailureClass::Timeout)
+            .with_provider(provider)
+            .with_message(format!(
+                "no first content frame within the {:?} first-token timeout",
+                timeouts.first_token
+            ))),
+    }
+}

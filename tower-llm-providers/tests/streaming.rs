@@ -1,0 +1,473 @@
+//! The streaming services over scripted transports (virtual time): the
+//! recorded fixtures of the three wires, the commit point, and every way a
+//! stream can fail on either side of it.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_core::Stream;
+use tokio::time::Instant;
+use tower::ServiceExt;
+use tower_llm_core::{
+    ChatChunk, ChatRequest, ChatStream, Deadline, Failure, FailureClass, FinishReason, Message,
+};
+use tower_llm_providers::mock::{
+    Reply, ScriptedTransport, Step, anthropic_stream_steps, bedrock_stream_steps,
+    openai_stream_steps,
+};
+use tower_llm_providers::{AwsCredentials, Bedrock, BedrockConfig};
+
+mod common;
+use common::fixture;
+
+fn req() -> ChatRequest {
+    ChatRequest::new("m", vec![Message::user("hi")])
+}
+
+/// Reads a stream to its end: the chunks, and the terminal error if any.
+async fn drain(mut stream: ChatStream) -> (Vec<ChatChunk>, Option<Failure>) {
+    let mut chunks = Vec::new();
+    while let Some(item) = std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await {
+        match item {
+            Ok(c) => chunks.push(c),
+            Err(f) => {
+                // Nothing follows a terminal error.
+                let after = std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await;
+                assert!(after.is_none(), "an item after the terminal error");
+                return (chunks, Some(f));
+            }
+        }
+    }
+    (chunks, None)
+}
+
+fn text(chunks: &[ChatChunk]) -> String {
+    chunks.iter().filter_map(|c| c.text.as_deref()).collect()
+}
+
+/// A body sent as one frame, or split into `size`-byte frames.
+fn split(bytes: &[u8], size: usize) -> Vec<Step> {
+    bytes
+        .chunks(size)
+        .map(|c| Step::Send(Bytes::copy_from_slice(c)))
+        .collect()
+}
+
+fn bedrock(transport: ScriptedTransport) -> Bedrock<ScriptedTransport> {
+    Bedrock::new(
+        transport,
+        BedrockConfig::new(AwsCredentials::new("AKID", "secret"), "us-east-1"),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn openai_fixtures_stream_in_frames_of_any_size() {
+    for size in [1, 3, 17, 4096] {
+        let t = ScriptedTransport::new(Reply::sse_steps(split(
+            &fixture("openai_stream_include_usage.sse"),
+            size,
+        )));
+        let stream = t
+            .openai()
+            .streaming()
+            .oneshot(req())
+            .await
+            .expect("commits");
+        assert_eq!(stream.provider(), "openai");
+        let (chunks, end) = drain(stream).await;
+        assert!(end.is_none(), "{end:?}");
+        assert_eq!(text(&chunks), "Hello!", "{size}-byte frames");
+        assert_eq!(
+            chunks
+                .iter()
+                .filter_map(|c| c.finish_reason)
+                .collect::<Vec<_>>(),
+            [FinishReason::Stop]
+        );
+        assert!(chunks.iter().any(|c| c.usage.is_some()));
+    }
+    // The request asked for a stream with usage.
+    let t = ScriptedTransport::new(Reply::openai_stream(&["x"]));
+    t.openai()
+        .streaming()
+        .oneshot(req())
+        .await
+        .expect("commits");
+    let body: serde_json::Value = serde_json::from_slice(&t.received()[0].body).expect("json");
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["stream_options"]["include_usage"], true);
+}
+
+#[tokio::test(start_paused = true)]
+async fn anthropic_fixture_streams_and_an_overloaded_first_event_fails_before_commit() {
+    let t = ScriptedTransport::new(Reply::sse_steps(split(
+        &fixture("anthropic_stream_basic.sse"),
+        5,
+    )));
+    let stream = t
+        .anthropic()
+        .streaming()
+        .oneshot(req())
+        .await
+        .expect("commits");
+    let (chunks, end) = drain(stream).await;
+    assert!(end.is_none());
+    assert_eq!(text(&chunks), "Hello!");
+    let body: serde_json::Value = serde_json::from_slice(&t.received()[0].body).expect("json");
+    assert_eq!(body["stream"], true);
+
+    let t = ScriptedTransport::new(Reply::sse_steps(split(
+        &fixture("anthropic_stream_overloaded_first.sse"),
+        4096,
+    )));
+    let err = t.anthropic().streaming().oneshot(req()).await.unwrap_err();
+    assert_eq!(err.class(), FailureClass::Transient);
+    assert_eq!(err.provider(), Some("anthropic"));
+    assert_eq!(err.message(), Some("Overloaded"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn bedrock_recorded_event_stream_decodes_in_frames_of_any_size() {
+    let bytes = fixture("bedrock_stream_basic.bin");
+    for size in [1, 7, 16, 100, bytes.len()] {
+        let t = ScriptedTransport::new(Reply::stream(
+            "application/vnd.amazon.eventstream",
+            split(&bytes, size),
+        ));
+        let stream = bedrock(t.clone())
+            .streaming()
+            .oneshot(req())
+            .await
+            .expect("commits");
+        let answer = stream.collect_response().await.expect("complete");
+        assert_eq!(
+            answer.text(),
+            "Hi! How can I help you",
+            "{size}-byte frames"
+        );
+        assert_eq!(answer.finish_reason(), Some(FinishReason::Length));
+        assert_eq!(
+            (answer.usage.prompt_tokens, answer.usage.completion_tokens),
+            (8, 10)
+        );
+        assert_eq!(t.received()[0].path, "/model/m/converse-stream");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn bedrock_in_stream_exception_after_content_is_a_terminal_rate_limit() {
+    let t = ScriptedTransport::new(Reply::stream(
+        "application/vnd.amazon.eventstream",
+        split(&fixture("bedrock_stream_exception_throttling.bin"), 9),
+    ));
+    let stream = bedrock(t)
+        .streaming()
+        .oneshot(req())
+        .await
+        .expect("commits");
+    let (chunks, end) = drain(stream).await;
+    assert_eq!(text(&chunks), "Hi! How can I help you");
+    assert_eq!(end.expect("terminal").class(), FailureClass::RateLimited);
+
+    // The same exception before any content fails the call instead.
+    let t = ScriptedTransport::new(Reply::stream(
+        "application/vnd.amazon.eventstream",
+        vec![
+            Step::bedrock_event("messageStart", r#"{"role":"assistant"}"#),
+            Step::bedrock_exception("serviceUnavailableException", "try later"),
+        ],
+    ));
+    let err = bedrock(t).streaming().oneshot(req()).await.unwrap_err();
+    assert_eq!(err.class(), FailureClass::Transient);
+    assert_eq!(err.provider(), Some("bedrock"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn corrupt_or_oversized_event_stream_frames_are_invalid_responses() {
+    let mut bytes = fixture("bedrock_stream_basic.bin");
+    // Flip a payload byte of the first message: its CRC no longer matches.
+    bytes[40] ^= 0x20;
+    let t = ScriptedTransport::new(Reply::stream(
+        "application/vnd.amazon.eventstream",
+        split(&bytes, 4096),
+    ));
+    let err = bedrock(t).streaming().oneshot(req()).await.unwrap_err();
+    assert!(err.is_invalid_response(), "{err:?}");
+
+    // A prelude declaring 2 GiB: refused at once, nothing buffered.
+    let t = ScriptedTransport::new(Reply::stream(
+        "application/vnd.amazon.eventstream",
+        vec![
+            Step::Send(Bytes::from_static(&[0x80, 0, 0, 0, 0, 0, 0, 0])),
+            Step::Stall,
+        ],
+    ));
+    let err = bedrock(t).streaming().oneshot(req()).await.unwrap_err();
+    assert!(err.is_invalid_response(), "{err:?}");
+    assert!(err.message().unwrap_or_default().contains("declares"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn openai_error_midway_is_committed_then_terminal() {
+    let t = ScriptedTransport::new(Reply::sse_steps(split(
+        &fixture("openai_stream_error_midway.sse"),
+        4096,
+    )));
+    let stream = t
+        .openai()
+        .streaming()
+        .oneshot(req())
+        .await
+        .expect("commits");
+    let (chunks, end) = drain(stream).await;
+    assert_eq!(text(&chunks), "Hello");
+    let end = end.expect("terminal error");
+    assert_eq!(end.class(), FailureClass::Transient);
+    assert!(
+        end.message()
+            .unwrap_or_default()
+            .contains("server had an error")
+    );
+    assert_eq!(t.received().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn http_errors_before_the_stream_are_classified_like_unary_calls() {
+    let t = ScriptedTransport::new(
+        Reply::openai_error(429, "rate_limit_exceeded", "slow down")
+            .with_header("retry-after", "3"),
+    );
+    let err = t.openai().streaming().oneshot(req()).await.unwrap_err();
+    assert!(err.is_rate_limited());
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(3)));
+    assert_eq!(err.http_status().map(|s| s.as_u16()), Some(429));
+}
+
+#[tokio::test(start_paused = true)]
+async fn empty_streams_fail_before_commit_but_a_finished_empty_answer_commits() {
+    for steps in [
+        vec![],
+        vec![Step::sse(None, "[DONE]")],
+        openai_stream_steps(&[], false),
+    ] {
+        let t = ScriptedTransport::new(Reply::sse_steps(steps));
+        let err = t.openai().streaming().oneshot(req()).await.unwrap_err();
+        assert_eq!(err.class(), FailureClass::Transient);
+        assert!(
+            err.message()
+                .unwrap_or_default()
+                .contains("before any content")
+        );
+    }
+    // A stop with no text, then [DONE]: a complete (empty) answer.
+    let t = ScriptedTransport::new(Reply::sse_steps(openai_stream_steps(&[], true)));
+    let stream = t
+        .openai()
+        .streaming()
+        .oneshot(req())
+        .await
+        .expect("commits");
+    let answer = stream.collect_response().await.expect("complete");
+    assert_eq!(answer.text(), "");
+    assert_eq!(answer.finish_reason(), Some(FinishReason::Stop));
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_first_frame_within_the_first_token_timeout_is_a_timeout() {
+    // Headers and a role chunk, then silence.
+    let mut steps = openai_stream_steps(&[], false);
+    steps.push(Step::Stall);
+    let t = ScriptedTransport::new(Reply::sse_steps(steps));
+    let start = Instant::now();
+    let err = t
+        .openai()
+        .streaming()
+        .with_first_token_timeout(Duration::from_secs(7))
+        .oneshot(req())
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), FailureClass::Timeout);
+    assert_eq!(start.elapsed(), Duration::from_secs(7));
+
+    // The call's deadline comes first: deadline exceeded at the deadline.
+    let mut r = req();
+    Deadline::after(Duration::from_secs(2)).store(&mut r.extensions);
+    let start = Instant::now();
+    let err = t.openai().streaming().oneshot(r).await.unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stall_after_commit_ends_with_a_timeout_after_exactly_the_idle_timeout() {
+    let mut steps = anthropic_stream_steps(&["Hel", "lo"], false);
+    steps.insert(4, Step::Pause(Duration::from_secs(4))); // within the idle window
+    steps.push(Step::Stall);
+    let t = ScriptedTransport::new(Reply::sse_steps(steps));
+    let stream = t
+        .anthropic()
+        .streaming()
+        .with_idle_timeout(Duration::from_secs(5))
+        .oneshot(req())
+        .await
+        .expect("commits");
+    let committed = Instant::now();
+    let (chunks, end) = drain(stream).await;
+    assert_eq!(text(&chunks), "Hello");
+    assert_eq!(end.expect("terminal").class(), FailureClass::Timeout);
+    // 4 s pause before "lo", then 5 s of silence.
+    assert_eq!(committed.elapsed(), Duration::from_secs(9));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_bounds_a_committed_stream() {
+    let mut steps = bedrock_stream_steps(&["a"], false);
+    steps.push(Step::Pause(Duration::from_secs(1)));
+    steps.push(Step::bedrock_text("b"));
+    steps.push(Step::Stall);
+    let t = ScriptedTransport::new(Reply::stream("application/vnd.amazon.eventstream", steps));
+    let mut r = req();
+    Deadline::after(Duration::from_secs(3)).store(&mut r.extensions);
+    let start = Instant::now();
+    let stream = bedrock(t).streaming().oneshot(r).await.expect("commits");
+    let (chunks, end) = drain(stream).await;
+    assert_eq!(text(&chunks), "ab");
+    assert!(end.expect("terminal").is_deadline_exceeded());
+    assert_eq!(start.elapsed(), Duration::from_secs(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn missing_terminators_and_broken_connections_end_with_one_terminal_error() {
+    let cases: Vec<(Reply, &str)> = vec![
+        (
+            Reply::sse_steps(openai_stream_steps(&["a", "b"], false)),
+            "openai",
+        ),
+        (
+            Reply::sse_steps(anthropic_stream_steps(&["a", "b"], false)),
+            "anthropic",
+        ),
+        (
+            Reply::stream(
+                "application/vnd.amazon.eventstream",
+                bedrock_stream_steps(&["a", "b"], false),
+            ),
+            "bedrock",
+        ),
+    ];
+    for (reply, provider) in cases {
+        let t = ScriptedTransport::new(reply);
+        let stream = match provider {
+            "openai" => t.openai().streaming().oneshot(req()).await,
+            "anthropic" => t.anthropic().streaming().oneshot(req()).await,
+            _ => bedrock(t.clone()).streaming().oneshot(req()).await,
+        }
+        .expect("commits");
+        let (chunks, end) = drain(stream).await;
+        assert_eq!(text(&chunks), "ab", "{provider}");
+        let end = end.expect("terminal error");
+        assert_eq!(end.class(), FailureClass::Transient, "{provider}");
+        assert!(
+            end.message().unwrap_or_default().contains("terminator"),
+            "{provider}: {end:?}"
+        );
+    }
+
+    let mut steps = openai_stream_steps(&["a"], false);
+    steps.push(Step::Break);
+    let t = ScriptedTransport::new(Reply::sse_steps(steps));
+    let (chunks, end) = drain(
+        t.openai()
+            .streaming()
+            .oneshot(req())
+            .await
+            .expect("commits"),
+    )
+    .await;
+    assert_eq!(text(&chunks), "a");
+    let end = end.expect("terminal");
+    assert_eq!(end.class(), FailureClass::Transient);
+    assert!(end.message().unwrap_or_default().contains("broke off"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn malformed_frames_are_invalid_responses_on_either_side_of_the_commit() {
+    let t = ScriptedTransport::new(Reply::sse_steps(vec![Step::sse(None, "{not json")]));
+    assert!(
+        t.openai()
+            .streaming()
+            .oneshot(req())
+            .await
+            .unwrap_err()
+            .is_invalid_response()
+    );
+
+    let mut steps = openai_stream_steps(&["a"], false);
+    steps.push(Step::sse(None, "{\"choices\": 7}"));
+    steps.push(Step::openai_text("never read"));
+    let t = ScriptedTransport::new(Reply::sse_steps(steps));
+    let (chunks, end) = drain(
+        t.openai()
+            .streaming()
+            .oneshot(req())
+            .await
+            .expect("commits"),
+    )
+    .await;
+    assert_eq!(text(&chunks), "a");
+    assert!(end.expect("terminal").is_invalid_response());
+
+    // One huge event: refused at the cap, never buffered whole.
+    let mut steps = openai_stream_steps(&["a"], false);
+    steps.push(Step::Send(Bytes::from(format!(
+        "data: {}",
+        "x".repeat(2 << 20)
+    ))));
+    let t = ScriptedTransport::new(Reply::sse_steps(steps));
+    let (_, end) = drain(
+        t.openai()
+            .streaming()
+            .oneshot(req())
+            .await
+            .expect("commits"),
+    )
+    .await;
+    assert!(end.expect("terminal").is_invalid_response());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_frame_is_handed_on_unchanged_after_the_preamble() {
+    let t = ScriptedTransport::new(Reply::anthropic_stream(&["Hi", " there"]));
+    let stream = t
+        .anthropic()
+        .streaming()
+        .oneshot(req())
+        .await
+        .expect("commits");
+    let (chunks, end) = drain(stream).await;
+    assert!(end.is_none());
+    // message_start's usage (the preamble), then the first delta as sent.
+    assert_eq!(chunks[0].usage.map(|u| u.prompt_tokens), Some(10));
+    assert_eq!(chunks[0].text, None);
+    assert_eq!(chunks[1].text.as_deref(), Some("Hi"));
+    assert_eq!(chunks[2].text.as_deref(), Some(" there"));
+    assert_eq!(chunks[3].finish_reason, Some(FinishReason::Stop));
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_stream_drops_the_upstream_body() {
+    let mut steps = openai_stream_steps(&["a"], false);
+    steps.push(Step::Pause(Duration::from_secs(1)));
+    steps.push(Step::openai_text("b"));
+    let t = ScriptedTransport::new(Reply::sse_steps(steps));
+    let stream = t
+        .openai()
+        .streaming()
+        .oneshot(req())
+        .await
+        .expect("commits");
+    assert_eq!(t.aborted_streams(), 0);
+    drop(stream);
+    assert_eq!(t.aborted_streams(), 1);
+}
