@@ -51,9 +51,24 @@
 //! | [`tower_llm_fallback`] | [`FallbackLayer`](fallback::FallbackLayer): an ordered chain of links within one deadline |
 //! | [`tower_llm_providers`] | [`OpenAi`](providers::OpenAi), [`Anthropic`](providers::Anthropic), [`Bedrock`](providers::Bedrock): wire formats, normalisation, error classification |
 //!
+//! # Streaming
+//!
+//! `OpenAi::streaming()` (and the same on `Anthropic` and `Bedrock`) gives a
+//! [`Streaming`](providers::Streaming) service answering a [`ChatStream`].
+//! Its future resolves at the **commit point**, the first content frame:
+//! every failure before it (HTTP error, in-band error event, empty stream,
+//! first-token timeout) is an ordinary `Err` that the retry, breaker and
+//! fallback layers handle exactly as for a unary call, so the same stack
+//! works around it. After it nothing retries: a failure ends the stream
+//! with one terminal `Err` item, and the breaker does not see it. See
+//! [`providers::streaming`].
+//!
 //! # Feature flags
 //!
-//! None yet.
+//! - `https` (default): the default rustls transport,
+//!   [`providers::https`].
+//! - `mock`: the test doubles [`providers::mock`] (`ScriptedTransport`,
+//!   `MockServer`).
 
 mod builder;
 
@@ -96,10 +111,15 @@ pub mod fallback {
 
 /// Provider services ([`tower_llm_providers`]): OpenAI, Anthropic, AWS Bedrock.
 pub mod providers {
+    #[cfg(feature = "https")]
+    pub use tower_llm_providers::https;
+    #[cfg(feature = "mock")]
+    pub use tower_llm_providers::mock;
     pub use tower_llm_providers::{
         Anthropic, AnthropicConfig, ApiKey, AwsCredentials, Bedrock, BedrockConfig,
         DEFAULT_MAX_BODY, MAX_MESSAGE, OpenAi, OpenAiConfig, OpenAiEmbeddings, ProviderFuture,
-        RequestBody, anthropic, bedrock, openai,
+        RequestBody, StreamFuture, StreamSource, StreamTimeouts, Streaming, anthropic, bedrock,
+        openai, stream, streaming,
     };
 }
 
@@ -111,6 +131,7 @@ pub mod prelude {
     pub use crate::fallback::{FallbackLayer, LinkSpec};
     pub use crate::retry::{Backoff, RetryLayer};
     pub use tower_llm_core::{
-        ChatRequest, ChatResponse, Deadline, Failure, FailureClass, HasExtensions, Message,
+        ChatRequest, ChatResponse, ChatStream, Deadline, Failure, FailureClass, HasExtensions,
+        Message,
     };
 }

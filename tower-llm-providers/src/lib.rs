@@ -46,13 +46,16 @@
 //! OpenAI embeddings are [`OpenAiEmbeddings`] (`EmbeddingRequest` →
 //! `EmbeddingResponse`, the same layers apply).
 //!
-//! # Streaming (groundwork)
+//! # Streaming
 //!
-//! [`stream`] holds the incremental parsers for streamed answers: a
-//! server-sent-events parser and the OpenAI and Anthropic event decoders,
-//! with [`StreamItem::is_content`](stream::StreamItem::is_content) marking
-//! a stream's commit point. The streaming services (first-frame peek,
-//! idle timeouts, Bedrock's event stream) come with the streaming issue.
+//! `.streaming()` on a provider gives a [`Streaming`] service answering a
+//! [`ChatStream`](tower_llm_core::ChatStream) at the stream's commit point,
+//! the first content frame: failures before it are the call's `Err` (so
+//! retry, breaker and fallback handle them), failures after it end the
+//! stream with one terminal `Err` item. See [`streaming`] for the full
+//! contract and [`stream`] for the incremental parsers underneath (SSE and
+//! the OpenAI and Anthropic event decoders; Bedrock's event-stream framing
+//! is decoded with `aws-smithy-eventstream`).
 //!
 //! # Feature flags
 //!

@@ -2,8 +2,8 @@
 //! Anthropic stream shapes turned into [`ChatChunk`]s.
 //!
 //! These are the pure, incremental parsers under the streaming services:
-//! feed them bytes as they arrive, in chunks of any size. (The services
-//! with the first-frame commit point build on them.)
+//! feed them bytes as they arrive, in chunks of any size. The streaming
+//! services of [`streaming`](crate::streaming) build on them.
 
 use serde::Deserialize;
 use tower_llm_core::{ChatChunk, Failure, FailureClass, FinishReason, ToolCallDelta, Usage};
