@@ -83,6 +83,24 @@ pub enum TransitionReason {
     ClosedByHand,
 }
 
+impl TransitionReason {
+    /// A stable label for logs and metrics (`consecutive_failures`,
+    /// `failure_ratio`, `rate_limited`, `cooldown_elapsed`,
+    /// `probes_succeeded`, `probe_failed`, `isolated`, `closed_by_hand`).
+    pub const fn as_metric_label(self) -> &'static str {
+        match self {
+            TransitionReason::ConsecutiveFailures => "consecutive_failures",
+            TransitionReason::FailureRatio => "failure_ratio",
+            TransitionReason::RateLimited => "rate_limited",
+            TransitionReason::CooldownElapsed => "cooldown_elapsed",
+            TransitionReason::ProbesSucceeded => "probes_succeeded",
+            TransitionReason::ProbeFailed => "probe_failed",
+            TransitionReason::Isolated => "isolated",
+            TransitionReason::ClosedByHand => "closed_by_hand",
+        }
+    }
+}
+
 /// One state change of one circuit, as given to
 /// [`BreakerLayer::on_transition`](crate::BreakerLayer::on_transition).
 #[derive(Debug, Clone, PartialEq)]

@@ -45,9 +45,7 @@ impl<C> Guard<C> {
     fn record(mut self, verdict: Verdict) {
         self.done = true;
         let transition = self.circuit.record(self.admission, verdict, &self.config);
-        if let (Some(observer), Some(t)) = (&self.observer, &transition) {
-            observer(t);
-        }
+        crate::layer::announce(self.observer.as_ref(), transition.as_ref());
     }
 
     fn verdict<Res>(&self, result: &Result<Res, Failure>) -> Verdict
@@ -98,9 +96,7 @@ impl<C> Drop for Guard<C> {
                 Verdict::Failure { hold: None },
                 &self.config,
             );
-            if let (Some(observer), Some(t)) = (&self.observer, &transition) {
-                observer(t);
-            }
+            crate::layer::announce(self.observer.as_ref(), transition.as_ref());
         } else {
             self.circuit.release(self.admission);
         }

@@ -1,5 +1,8 @@
 use std::sync::Arc;
 
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Meter, ObservableGauge};
+
 use crate::{BreakerKey, BreakerStore, CircuitSnapshot, Observer};
 
 /// Manual control and visibility of a breaker layer's circuits.
@@ -67,9 +70,38 @@ impl BreakerHandle {
         }
     }
 
+    /// Registers the `llm_circuit_state{provider,model}` gauge on `meter`
+    /// (0 closed, 1 open, 2 half-open), observed from this handle's
+    /// circuits at each collection. Register once per breaker store; keep
+    /// the returned instrument for as long as the gauge should report.
+    ///
+    /// ```
+    /// use tower_llm_breaker::BreakerLayer;
+    ///
+    /// let breaker = BreakerLayer::new();
+    /// let meter = opentelemetry::global::meter("tower-llm");
+    /// let _gauge = breaker.handle().register_gauge(&meter);
+    /// ```
+    pub fn register_gauge(&self, meter: &Meter) -> ObservableGauge<i64> {
+        let handle = self.clone();
+        meter
+            .i64_observable_gauge("llm_circuit_state")
+            .with_description("Circuit breaker state: 0 closed, 1 open, 2 half-open")
+            .with_callback(move |observer| {
+                for circuit in handle.snapshot() {
+                    observer.observe(
+                        circuit.state.as_gauge(),
+                        &[
+                            KeyValue::new("provider", circuit.key.provider_arc().clone()),
+                            KeyValue::new("model", circuit.key.model_arc().clone()),
+                        ],
+                    );
+                }
+            })
+            .build()
+    }
+
     fn notify(&self, t: Option<crate::Transition>) {
-        if let (Some(o), Some(t)) = (&self.observer, t) {
-            o(&t);
-        }
+        crate::layer::announce(self.observer.as_ref(), t.as_ref());
     }
 }

@@ -11,6 +11,26 @@ use crate::{
 /// A callback for circuit state changes.
 pub type Observer = Arc<dyn Fn(&Transition) + Send + Sync>;
 
+/// Reports a state change: a tracing event (`warn` when a circuit opens,
+/// `info` otherwise), then the layer's observer, if any.
+pub(crate) fn announce(observer: Option<&Observer>, transition: Option<&Transition>) {
+    let Some(t) = transition else {
+        return;
+    };
+    let (provider, model) = (t.key.provider(), t.key.model());
+    let (from, to) = (t.from.as_metric_label(), t.to.as_metric_label());
+    let reason = t.reason.as_metric_label();
+    if t.to == crate::CircuitState::Open {
+        let open_ms = t.open_for.map(|d| d.as_millis());
+        tracing::warn!(provider, model, from, to, reason, open_ms, "circuit opened");
+    } else {
+        tracing::info!(provider, model, from, to, reason, "circuit state changed");
+    }
+    if let Some(observer) = observer {
+        observer(t);
+    }
+}
+
 /// Why a [`BreakerConfig`] was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidBreakerConfig(String);

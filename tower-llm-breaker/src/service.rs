@@ -73,12 +73,16 @@ where
             .key_fn
             .with_key(&req, &shared.link, |key| shared.store.circuit_for(key));
         let (admission, transition) = circuit.admit(&shared.config);
-        if let (Some(observer), Some(t)) = (&shared.observer, &transition) {
-            observer(t);
-        }
+        crate::layer::announce(shared.observer.as_ref(), transition.as_ref());
         match admission {
             Err(retry_after) => {
                 let key = circuit.key();
+                tracing::debug!(
+                    provider = key.provider(),
+                    model = key.model(),
+                    retry_after_ms = retry_after.map(|d| d.as_millis()),
+                    "circuit open: call refused"
+                );
                 let mut failure = Failure::circuit_open(retry_after);
                 failure.set_origin_if_unset(key.provider_arc().clone(), key.model_arc().clone());
                 ResponseFuture::refused(failure)

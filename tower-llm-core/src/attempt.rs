@@ -438,7 +438,19 @@ impl AttemptLog {
     /// attaches them to the response ([`RecordsAttempts`]) or the error
     /// ([`Failure::attempts`]). Attaches nothing when no attempt was recorded.
     pub fn attach<Res: RecordsAttempts>(&self, result: &mut Result<Res, Failure>) {
+        self.finish_call(result, &crate::telemetry::Metrics::disabled());
+    }
+
+    /// As [`attach`](Self::attach), first recording the call's
+    /// [`Metrics`](crate::telemetry::Metrics) from its records (what the
+    /// layer owning the log does when the call ends).
+    pub fn finish_call<Res: RecordsAttempts>(
+        &self,
+        result: &mut Result<Res, Failure>,
+        metrics: &crate::telemetry::Metrics,
+    ) {
         let attempts = self.take();
+        metrics.record_call(result.as_ref().err(), &attempts);
         if attempts.is_empty() {
             return;
         }

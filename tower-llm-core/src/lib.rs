@@ -55,6 +55,7 @@ mod link;
 mod retry_after;
 pub mod serde_millis;
 mod stream;
+pub mod telemetry;
 
 pub use attempt::{
     AttemptLog, AttemptOutcome, AttemptRecord, AttemptStatus, Attempts, Degraded,
@@ -81,3 +82,4 @@ pub use retry_after::{
     retry_after_at,
 };
 pub use stream::{ChatStream, ChunkStream};
+pub use telemetry::{CallOwner, GenAiMetrics, Metrics};

@@ -3,7 +3,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
-use tower_llm_core::{AttemptLog, Bounded, BoxError, Failure, FailureClass, RecordsAttempts};
+use tower_llm_core::{Bounded, BoxError, CallOwner, Failure, FailureClass, RecordsAttempts};
 
 pin_project! {
     /// Response future of [`EnforceDeadline`](crate::EnforceDeadline).
@@ -16,18 +16,18 @@ pin_project! {
     pub struct ResponseFuture<F> {
         #[pin]
         call: Bounded<F>,
-        // Set when this layer owns the call's attempt log.
-        log: Option<AttemptLog>,
+        // Set when this layer owns the call (its attempt log, metrics, span).
+        owner: Option<CallOwner>,
         // Set once it has resolved.
         finished: bool,
     }
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn new(call: Bounded<F>, log: Option<AttemptLog>) -> Self {
+    pub(crate) fn new(call: Bounded<F>, owner: Option<CallOwner>) -> Self {
         ResponseFuture {
             call,
-            log,
+            owner,
             finished: false,
         }
     }
@@ -47,7 +47,11 @@ where
             return Poll::Ready(Err(Failure::new(FailureClass::Cancelled)
                 .with_message("deadline future polled after completion")));
         }
-        let mut result = match ready!(this.call.as_mut().poll(cx)) {
+        let polled = {
+            let _span = this.owner.as_ref().map(|o| o.span().enter());
+            this.call.as_mut().poll(cx)
+        };
+        let mut result = match ready!(polled) {
             Some(result) => result.map_err(|e| Failure::from_error(e.into())),
             None => {
                 // Cancel the call now rather than when the caller drops us.
@@ -56,8 +60,8 @@ where
             }
         };
         *this.finished = true;
-        if let Some(log) = this.log.take() {
-            log.attach(&mut result);
+        if let Some(owner) = this.owner.take() {
+            owner.finish(&mut result);
         }
         Poll::Ready(result)
     }

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower_llm_core::{
-    AttemptLog, Bounded, BoxError, Deadline, Failure, HasExtensions, RecordsAttempts,
+    Bounded, BoxError, CallOwner, Deadline, Failure, HasExtensions, Metrics, RecordsAttempts,
 };
 use tower_service::Service;
 
@@ -16,16 +16,29 @@ use crate::{DeadlineLayer, ResponseFuture, header_timeout};
 pub struct EnforceDeadline<S> {
     inner: S,
     budget: Duration,
+    metrics: Metrics,
 }
 
 impl<S> EnforceDeadline<S> {
     /// Wraps `inner`, giving each call at most `budget`.
-    pub const fn new(inner: S, budget: Duration) -> Self {
-        EnforceDeadline { inner, budget }
+    pub fn new(inner: S, budget: Duration) -> Self {
+        EnforceDeadline {
+            inner,
+            budget,
+            metrics: Metrics::global(),
+        }
+    }
+
+    /// Records the per-call metrics on `metrics` instead (see
+    /// [`DeadlineLayer::with_metrics`]).
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// A [`DeadlineLayer`] with this budget.
-    pub const fn layer(budget: Duration) -> DeadlineLayer {
+    pub fn layer(budget: Duration) -> DeadlineLayer {
         DeadlineLayer::new(budget)
     }
 
@@ -71,13 +84,14 @@ where
         }
         let extensions = req.extensions_mut();
         let deadline = deadline.store(extensions);
-        let log = AttemptLog::install(extensions);
+        let owner = CallOwner::install(extensions, &self.metrics);
         let call = if deadline.instant() <= now {
             // Nothing can finish in no time: do not spend a provider call.
             Bounded::expired(deadline.instant())
         } else {
+            let _span = owner.as_ref().map(|o| o.span().enter());
             Bounded::new(self.inner.call(req), deadline.instant())
         };
-        ResponseFuture::new(call, log)
+        ResponseFuture::new(call, owner)
     }
 }

@@ -9,8 +9,8 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 use tower::util::Oneshot;
 use tower_llm_core::{
-    AttemptLog, AttemptOutcome, AttemptRecord, BoxError, Classified, Classify, Deadline, Failure,
-    FailureClass, HasExtensions, NextStep, Outcome, RecordsAttempts,
+    AttemptLog, AttemptOutcome, AttemptRecord, BoxError, CallOwner, Classified, Classify, Deadline,
+    Failure, FailureClass, HasExtensions, NextStep, Outcome, RecordsAttempts,
 };
 
 use crate::LinkService;
@@ -51,8 +51,8 @@ pin_project! {
         // whether every link so far refused that way.
         earliest: Option<Duration>,
         all_waiting: bool,
-        // Set when this layer owns the call's attempt log.
-        owned_log: Option<AttemptLog>,
+        // Set when this layer owns the call (attempt log, metrics, span).
+        owned: Option<CallOwner>,
         // The alternates in the order to try them, computed at the first
         // failover, and how far along it the call is.
         order: Option<Vec<usize>>,
@@ -83,7 +83,7 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
         chain: Arc<Chain<Req, Res, C>>,
         pristine: Option<Req>,
         replayable: bool,
-        owned_log: Option<AttemptLog>,
+        owned: Option<CallOwner>,
     ) -> Self {
         ResponseFuture {
             state,
@@ -94,7 +94,7 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
             last: None,
             earliest: None,
             all_waiting: true,
-            owned_log,
+            owned,
             order: None,
             cursor: 0,
             started: None,
@@ -107,9 +107,9 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
         fut: PF,
         chain: Arc<Chain<Req, Res, C>>,
         pristine: Option<Req>,
-        owned_log: Option<AttemptLog>,
+        owned: Option<CallOwner>,
     ) -> Self {
-        Self::new(State::Primary { fut }, chain, pristine, true, owned_log)
+        Self::new(State::Primary { fut }, chain, pristine, true, owned)
     }
 
     /// The primary's admission refused the request: it starts at the next
@@ -118,10 +118,10 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
         chain: Arc<Chain<Req, Res, C>>,
         req: Req,
         replayable: bool,
-        owned_log: Option<AttemptLog>,
+        owned: Option<CallOwner>,
     ) -> Self {
         record_skip(&req, &chain.primary.link);
-        Self::new(State::Next, chain, Some(req), replayable, owned_log)
+        Self::new(State::Next, chain, Some(req), replayable, owned)
     }
 }
 
@@ -149,6 +149,8 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        let span = this.owned.as_ref().map(|o| o.span().clone());
+        let _span = span.as_ref().map(tracing::Span::enter);
         loop {
             let result = match this.state.as_mut().project() {
                 StateProj::Primary { fut } => {
@@ -184,7 +186,7 @@ where
                                 // No link can serve what failed (a context
                                 // window, a content filter): terminal, as is.
                                 let result = last.unwrap_or_else(|| Err(no_link_allowed()));
-                                return Poll::Ready(finish(this.owned_log, result));
+                                return Poll::Ready(finish(this.owned, result));
                             }
                             let earliest = this.all_waiting.then_some(*this.earliest).flatten();
                             let result = all_failed(
@@ -193,11 +195,11 @@ where
                                 earliest,
                                 this.chain.degrade.as_deref(),
                             );
-                            return Poll::Ready(finish(this.owned_log, result));
+                            return Poll::Ready(finish(this.owned, result));
                         }
                         Err(stop) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(finish(this.owned_log, Err(stop)));
+                            return Poll::Ready(finish(this.owned, Err(stop)));
                         }
                     };
                     let (spec, service) = &this.chain.alternates[j - 1];
@@ -218,6 +220,16 @@ where
                         });
                     }
                     spec.prepare(&mut req);
+                    tracing::info!(
+                        from = this
+                            .chain
+                            .spec(*this.index)
+                            .map_or("", |s| s.link.provider()),
+                        to = spec.link.provider(),
+                        to_model = spec.link.model(),
+                        to_position = j,
+                        "failing over to the next link"
+                    );
                     *this.index = j;
                     if this.chain.health.is_some() {
                         *this.started = Some(Instant::now());
@@ -246,7 +258,7 @@ where
                             res.record_served_by(&spec.link);
                         }
                     }
-                    return Poll::Ready(finish(this.owned_log, result));
+                    return Poll::Ready(finish(this.owned, result));
                 }
                 Outcome::Failure(failed) => failed,
             };
@@ -258,18 +270,8 @@ where
             } else if failed.class == FailureClass::ContentFiltered {
                 Need::Filtered
             } else {
-                if failed.class == FailureClass::Auth {
-                    let link = this.chain.spec(*this.index).map(|s| &s.link);
-                    tracing::error!(
-                        severity = "sev-1",
-                        provider = link.map_or("", |l| l.provider()),
-                        model = link.map_or("", |l| l.model()),
-                        status = failed.http_status.map(|s| s.as_u16()),
-                        "provider rejected our credentials (401/403): check the API key or its permissions"
-                    );
-                }
                 this.state.set(State::Done);
-                return Poll::Ready(finish(this.owned_log, result));
+                return Poll::Ready(finish(this.owned, result));
             };
             match (failed.class, failed.retry_after) {
                 (FailureClass::CircuitOpen | FailureClass::RateLimited, Some(wait)) => {
@@ -375,11 +377,11 @@ fn no_link_allowed() -> Failure {
 
 /// Attaches the attempt log this layer owns, if it owns one.
 fn finish<Res: RecordsAttempts>(
-    owned: &mut Option<AttemptLog>,
+    owned: &mut Option<CallOwner>,
     mut result: Result<Res, Failure>,
 ) -> Result<Res, Failure> {
-    if let Some(log) = owned.take() {
-        log.attach(&mut result);
+    if let Some(owner) = owned.take() {
+        owner.finish(&mut result);
     }
     result
 }

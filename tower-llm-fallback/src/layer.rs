@@ -6,7 +6,7 @@ use std::time::Duration;
 use tower::ServiceExt;
 use tower::util::BoxCloneSyncService;
 use tower_layer::Layer;
-use tower_llm_core::{BoxError, ChatClassifier, Failure, FailurePolicy};
+use tower_llm_core::{BoxError, ChatClassifier, Failure, FailurePolicy, Metrics};
 use tower_service::Service;
 
 use crate::health::Health;
@@ -24,6 +24,7 @@ pub(crate) struct Chain<Req, Res, C> {
     /// One per alternate, when health-aware ordering is on.
     pub(crate) health: Option<Vec<Health>>,
     pub(crate) degrade: Option<Degrade<Res>>,
+    pub(crate) metrics: Metrics,
 }
 
 impl<Req, Res, C> Chain<Req, Res, C> {
@@ -91,6 +92,7 @@ impl<Req, Res> FallbackLayer<Req, Res, ChatClassifier> {
             failures: FailurePolicy::default(),
             health_window: None,
             degrade: None,
+            metrics: Metrics::global(),
         }
     }
 }
@@ -103,6 +105,7 @@ pub struct FallbackBuilder<Req, Res, C> {
     failures: FailurePolicy,
     health_window: Option<Duration>,
     degrade: Option<Degrade<Res>>,
+    metrics: Metrics,
 }
 
 impl<Req, Res, C: fmt::Debug> fmt::Debug for FallbackBuilder<Req, Res, C> {
@@ -142,7 +145,18 @@ impl<Req, Res, C> FallbackBuilder<Req, Res, C> {
             failures: self.failures,
             health_window: self.health_window,
             degrade: self.degrade,
+            metrics: self.metrics,
         }
+    }
+
+    /// Records the per-call metrics on `metrics` when this layer owns the
+    /// call (no outer tower-llm layer does). Default:
+    /// [`Metrics::global`] (a no-op until the host installs an
+    /// OpenTelemetry SDK); [`Metrics::disabled`] for none.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Opt-in: when failing over, try the alternates healthiest first, by a
@@ -213,6 +227,7 @@ impl<Req, Res, C> FallbackBuilder<Req, Res, C> {
                 failures: self.failures,
                 health,
                 degrade: self.degrade,
+                metrics: self.metrics,
             }),
         })
     }

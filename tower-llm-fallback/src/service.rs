@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tower_llm_core::{
-    AttemptLog, BoxError, Classify, Failure, HasExtensions, NotReplayable, RecordsAttempts,
+    BoxError, CallOwner, Classify, Failure, HasExtensions, NotReplayable, RecordsAttempts,
 };
 use tower_service::Service;
 
@@ -79,7 +79,8 @@ where
     fn call(&mut self, mut req: Req) -> Self::Future {
         let chain = self.chain.clone();
         // Before the copy, so that every link appends to the same log.
-        let owned_log = AttemptLog::install(req.extensions_mut());
+        let owned = CallOwner::install(req.extensions_mut(), &chain.metrics);
+        let _span = owned.as_ref().map(|o| o.span().enter());
         // Keep a clean copy for the alternates, unless the request cannot
         // be sent twice.
         let replayable = req.extensions().get::<NotReplayable>().is_none();
@@ -90,9 +91,12 @@ where
         };
         if chain.primary.admits(&req) {
             chain.primary.prepare(&mut req);
-            ResponseFuture::primary(self.primary.call(req), chain, pristine, owned_log)
+            let fut = self.primary.call(req);
+            drop(_span);
+            ResponseFuture::primary(fut, chain, pristine, owned)
         } else {
-            ResponseFuture::primary_skipped(chain, pristine.unwrap_or(req), replayable, owned_log)
+            drop(_span);
+            ResponseFuture::primary_skipped(chain, pristine.unwrap_or(req), replayable, owned)
         }
     }
 }

@@ -97,6 +97,7 @@ impl AnthropicConfig {
 pub struct Anthropic<T> {
     transport: T,
     config: Arc<AnthropicConfig>,
+    metrics: tower_llm_core::GenAiMetrics,
 }
 
 impl<T> Anthropic<T> {
@@ -105,7 +106,18 @@ impl<T> Anthropic<T> {
         Anthropic {
             transport,
             config: Arc::new(config),
+            metrics: tower_llm_core::GenAiMetrics::global(),
         }
+    }
+
+    /// Records the GenAI client metrics (`gen_ai.client.operation.duration`,
+    /// `gen_ai.client.token.usage`) on `metrics`. Default:
+    /// [`GenAiMetrics::global`](tower_llm_core::GenAiMetrics::global), a
+    /// no-op until the host installs an OpenTelemetry SDK.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: tower_llm_core::GenAiMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 }
 
@@ -128,24 +140,41 @@ where
     fn call(&mut self, req: ChatRequest) -> Self::Future {
         let mut transport = take_ready(&mut self.transport);
         let config = self.config.clone();
+        let metrics = self.metrics.clone();
         Box::pin(async move {
-            let http_req = request(&config, &req, false)?;
-            let Answer {
-                parts,
-                body: bytes,
-                latency,
-            } = round_trip(&mut transport, http_req, config.max_body, PROVIDER).await?;
-            if !parts.status.is_success() {
-                return Err(decode_error_scrubbed(
-                    parts.status,
-                    &parts.headers,
-                    &bytes,
-                    Some(config.api_key.expose()),
-                ));
-            }
-            decode(&bytes, latency).map_err(|f| f.with_status(parts.status))
+            let call = chat(&mut transport, &config, &req);
+            crate::transport::timed_chat(&metrics, PROVIDER, &req.model, call).await
         })
     }
+}
+
+/// One unary Messages call.
+async fn chat<T, B>(
+    transport: &mut T,
+    config: &AnthropicConfig,
+    req: &ChatRequest,
+) -> Result<ChatResponse, Failure>
+where
+    T: Service<http::Request<RequestBody>, Response = http::Response<B>>,
+    T::Error: Into<BoxError>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let http_req = request(config, req, false)?;
+    let Answer {
+        parts,
+        body: bytes,
+        latency,
+    } = round_trip(transport, http_req, config.max_body, PROVIDER).await?;
+    if !parts.status.is_success() {
+        return Err(decode_error_scrubbed(
+            parts.status,
+            &parts.headers,
+            &bytes,
+            Some(config.api_key.expose()),
+        ));
+    }
+    decode(&bytes, latency).map_err(|f| f.with_status(parts.status))
 }
 
 /// The Messages POST for `req` (streaming or not).
@@ -167,6 +196,10 @@ fn request(
         )
         .header("anthropic-version", &*config.version)
         .body(RequestBody::new(Bytes::from(body)))
+        .map(|mut req| {
+            crate::transport::inject_trace_context(req.headers_mut());
+            req
+        })
         .map_err(build_error(PROVIDER))
 }
 
@@ -199,6 +232,7 @@ where
     ) -> crate::StreamFuture {
         let transport = take_ready(&mut self.transport);
         let config = self.config.clone();
+        let metrics = self.metrics.clone();
         Box::pin(async move {
             let http_req = request(&config, &req, true)?;
             let open = crate::streaming::Open {
@@ -208,6 +242,7 @@ where
                 max_error_body: config.max_body,
                 timeouts,
                 deadline: tower_llm_core::Deadline::of(&req.extensions),
+                metrics,
                 error: |parts: &http::response::Parts, body: &[u8]| {
                     decode_error_scrubbed(
                         parts.status,

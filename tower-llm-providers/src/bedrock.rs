@@ -155,6 +155,7 @@ impl BedrockConfig {
 pub struct Bedrock<T> {
     transport: T,
     config: Arc<BedrockConfig>,
+    metrics: tower_llm_core::GenAiMetrics,
 }
 
 impl<T> Bedrock<T> {
@@ -163,7 +164,18 @@ impl<T> Bedrock<T> {
         Bedrock {
             transport,
             config: Arc::new(config),
+            metrics: tower_llm_core::GenAiMetrics::global(),
         }
+    }
+
+    /// Records the GenAI client metrics (`gen_ai.client.operation.duration`,
+    /// `gen_ai.client.token.usage`) on `metrics`. Default:
+    /// [`GenAiMetrics::global`](tower_llm_core::GenAiMetrics::global), a
+    /// no-op until the host installs an OpenTelemetry SDK.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: tower_llm_core::GenAiMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 }
 
@@ -186,24 +198,41 @@ where
     fn call(&mut self, req: ChatRequest) -> Self::Future {
         let mut transport = take_ready(&mut self.transport);
         let config = self.config.clone();
+        let metrics = self.metrics.clone();
         Box::pin(async move {
-            let http_req = signed_request(&config, &req)?;
-            let Answer {
-                parts,
-                body: bytes,
-                latency,
-            } = round_trip(&mut transport, http_req, config.max_body, PROVIDER).await?;
-            if !parts.status.is_success() {
-                return Err(decode_error(parts.status, &parts.headers, &bytes));
-            }
-            let request_id = parts
-                .headers
-                .get("x-amzn-requestid")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default();
-            decode(&bytes, request_id, &req.model, latency).map_err(|f| f.with_status(parts.status))
+            let call = chat(&mut transport, &config, &req);
+            crate::transport::timed_chat(&metrics, PROVIDER, &req.model, call).await
         })
     }
+}
+
+/// One unary Converse call.
+async fn chat<T, B>(
+    transport: &mut T,
+    config: &BedrockConfig,
+    req: &ChatRequest,
+) -> Result<ChatResponse, Failure>
+where
+    T: Service<http::Request<RequestBody>, Response = http::Response<B>>,
+    T::Error: Into<BoxError>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let http_req = signed(config, req, "converse")?;
+    let Answer {
+        parts,
+        body: bytes,
+        latency,
+    } = round_trip(transport, http_req, config.max_body, PROVIDER).await?;
+    if !parts.status.is_success() {
+        return Err(decode_error(parts.status, &parts.headers, &bytes));
+    }
+    let request_id = parts
+        .headers
+        .get("x-amzn-requestid")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    decode(&bytes, request_id, &req.model, latency).map_err(|f| f.with_status(parts.status))
 }
 
 impl<T> Bedrock<T> {
@@ -235,6 +264,7 @@ where
     ) -> crate::StreamFuture {
         let transport = take_ready(&mut self.transport);
         let config = self.config.clone();
+        let metrics = self.metrics.clone();
         Box::pin(async move {
             let http_req = signed(&config, &req, "converse-stream")?;
             let open = crate::streaming::Open {
@@ -244,6 +274,7 @@ where
                 max_error_body: config.max_body,
                 timeouts,
                 deadline: tower_llm_core::Deadline::of(&req.extensions),
+                metrics,
                 error: |parts: &http::response::Parts, body: &[u8]| {
                     decode_error(parts.status, &parts.headers, body)
                 },
@@ -544,6 +575,8 @@ fn signed(
         .map_err(|e| bad_request(format!("cannot sign the request: {e}")))?
         .into_parts();
     instructions.apply_to_request_http1x(&mut http_req);
+    // Not signed: tracing headers may change without breaking the signature.
+    crate::transport::inject_trace_context(http_req.headers_mut());
     Ok(http_req.map(|()| RequestBody::new(Bytes::from(body))))
 }
 

@@ -99,6 +99,7 @@ impl OpenAiConfig {
 pub struct OpenAi<T> {
     transport: T,
     config: Arc<OpenAiConfig>,
+    metrics: tower_llm_core::GenAiMetrics,
 }
 
 impl<T> OpenAi<T> {
@@ -107,7 +108,18 @@ impl<T> OpenAi<T> {
         OpenAi {
             transport,
             config: Arc::new(config),
+            metrics: tower_llm_core::GenAiMetrics::global(),
         }
+    }
+
+    /// Records the GenAI client metrics (`gen_ai.client.operation.duration`,
+    /// `gen_ai.client.token.usage`) on `metrics`. Default:
+    /// [`GenAiMetrics::global`](tower_llm_core::GenAiMetrics::global), a
+    /// no-op until the host installs an OpenTelemetry SDK.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: tower_llm_core::GenAiMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 }
 
@@ -130,28 +142,45 @@ where
     fn call(&mut self, req: ChatRequest) -> Self::Future {
         let mut transport = take_ready(&mut self.transport);
         let config = self.config.clone();
+        let metrics = self.metrics.clone();
         Box::pin(async move {
-            let body = crate::to_json(
-                PROVIDER,
-                &encode_body(&req, config.max_completion_tokens, false),
-            )?;
-            let http_req = post(&config, "chat/completions", body)?;
-            let Answer {
-                parts,
-                body: bytes,
-                latency,
-            } = round_trip(&mut transport, http_req, config.max_body, PROVIDER).await?;
-            if !parts.status.is_success() {
-                return Err(decode_error_scrubbed(
-                    parts.status,
-                    &parts.headers,
-                    &bytes,
-                    Some(config.api_key.expose()),
-                ));
-            }
-            decode(&bytes, latency).map_err(|f| f.with_status(parts.status))
+            let call = chat(&mut transport, &config, &req);
+            crate::transport::timed_chat(&metrics, PROVIDER, &req.model, call).await
         })
     }
+}
+
+/// One unary Chat Completions call.
+async fn chat<T, B>(
+    transport: &mut T,
+    config: &OpenAiConfig,
+    req: &ChatRequest,
+) -> Result<ChatResponse, Failure>
+where
+    T: Service<http::Request<RequestBody>, Response = http::Response<B>>,
+    T::Error: Into<BoxError>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let body = crate::to_json(
+        PROVIDER,
+        &encode_body(req, config.max_completion_tokens, false),
+    )?;
+    let http_req = post(config, "chat/completions", body)?;
+    let Answer {
+        parts,
+        body: bytes,
+        latency,
+    } = round_trip(transport, http_req, config.max_body, PROVIDER).await?;
+    if !parts.status.is_success() {
+        return Err(decode_error_scrubbed(
+            parts.status,
+            &parts.headers,
+            &bytes,
+            Some(config.api_key.expose()),
+        ));
+    }
+    decode(&bytes, latency).map_err(|f| f.with_status(parts.status))
 }
 
 impl<T> OpenAi<T> {
@@ -183,6 +212,7 @@ where
     ) -> crate::StreamFuture {
         let transport = take_ready(&mut self.transport);
         let config = self.config.clone();
+        let metrics = self.metrics.clone();
         Box::pin(async move {
             let body = crate::to_json(
                 PROVIDER,
@@ -196,6 +226,7 @@ where
                 max_error_body: config.max_body,
                 timeouts,
                 deadline: tower_llm_core::Deadline::of(&req.extensions),
+                metrics,
                 error: |parts: &http::response::Parts, body: &[u8]| {
                     decode_error_scrubbed(
                         parts.status,
@@ -223,6 +254,10 @@ fn post(
             secret_header(PROVIDER, &format!("Bearer {}", config.api_key.expose()))?,
         )
         .body(RequestBody::new(Bytes::from(body)))
+        .map(|mut req| {
+            crate::transport::inject_trace_context(req.headers_mut());
+            req
+        })
         .map_err(build_error(PROVIDER))
 }
 

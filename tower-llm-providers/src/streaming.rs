@@ -44,7 +44,8 @@ use futures_core::Stream;
 use http_body::Body;
 use tokio::time::{Instant, Sleep};
 use tower_llm_core::{
-    BoxError, ChatChunk, ChatRequest, ChatStream, Deadline, Failure, FailureClass,
+    BoxError, ChatChunk, ChatRequest, ChatStream, Deadline, Failure, FailureClass, GenAiMetrics,
+    Usage,
 };
 use tower_service::Service;
 
@@ -251,6 +252,24 @@ pub(crate) struct Live<B, W> {
     deadline: Option<Instant>,
     timer: Option<Pin<Box<Sleep>>>,
     armed: bool,
+    report: Option<Report>,
+}
+
+/// The GenAI metrics of a committed stream, recorded once when it ends.
+struct Report {
+    metrics: GenAiMetrics,
+    model: String,
+    started: Instant,
+    usage: Usage,
+}
+
+impl Report {
+    fn record(self, provider: &'static str, result: Result<(), &Failure>) {
+        let duration = self.started.elapsed();
+        let result = result.map(|()| &self.usage);
+        self.metrics
+            .record_chat(provider, &self.model, duration, result);
+    }
 }
 
 impl<B, W> Live<B, W>
@@ -278,6 +297,14 @@ where
             deadline,
             timer: None,
             armed: false,
+            report: None,
+        }
+    }
+
+    /// Records the stream's metrics (once) as it ends.
+    fn report(&mut self, result: Result<(), &Failure>) {
+        if let Some(report) = self.report.take() {
+            report.record(self.provider, result);
         }
     }
 
@@ -349,6 +376,22 @@ where
         }
     }
 
+    /// Keeps the usage counts a chunk reports, for the metrics.
+    fn note_usage(&mut self, chunk: &ChatChunk) {
+        if let (Some(report), Some(u)) = (self.report.as_mut(), chunk.usage) {
+            let total = &mut report.usage;
+            if u.prompt_tokens > 0 {
+                total.prompt_tokens = u.prompt_tokens;
+            }
+            if u.completion_tokens > 0 {
+                total.completion_tokens = u.completion_tokens;
+            }
+            if u.cached_input_tokens > 0 {
+                total.cached_input_tokens = u.cached_input_tokens;
+            }
+        }
+    }
+
     fn empty(&self, message: &'static str) -> Failure {
         Failure::new(FailureClass::Transient)
             .with_provider(self.provider)
@@ -357,6 +400,7 @@ where
 
     /// Ends the stream with `failure`.
     fn fail(&mut self, failure: Failure) -> Poll<Option<Result<ChatChunk, Failure>>> {
+        self.report(Err(&failure));
         self.phase = Phase::Finished;
         self.body = None;
         self.timer = None;
@@ -375,19 +419,23 @@ where
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
         if let Some(chunk) = this.preamble.take().or_else(|| this.first.take()) {
+            this.note_usage(&chunk);
             return Poll::Ready(Some(Ok(chunk)));
         }
         if this.phase == Phase::Finished {
+            this.report(Ok(()));
             return Poll::Ready(None);
         }
         loop {
             match this.poll_raw(cx) {
                 Poll::Ready(Some(Ok(StreamItem::Chunk(chunk)))) => {
                     this.armed = false;
+                    this.note_usage(&chunk);
                     return Poll::Ready(Some(Ok(chunk)));
                 }
                 Poll::Ready(Some(Ok(StreamItem::Skip))) => {}
                 Poll::Ready(Some(Ok(StreamItem::Done))) => {
+                    this.report(Ok(()));
                     this.phase = Phase::Finished;
                     this.body = None;
                     this.timer = None;
@@ -464,6 +512,7 @@ pub(crate) struct Open<W, E> {
     pub(crate) deadline: Option<Deadline>,
     /// Classifies a non-2xx answer from its parts and body.
     pub(crate) error: E,
+    pub(crate) metrics: GenAiMetrics,
 }
 
 /// Sends `req` and peeks to the commit point, all within the first-token
@@ -489,6 +538,7 @@ where
         timeouts,
         deadline,
         error,
+        metrics,
     } = open;
     let started = Instant::now();
     let deadline = deadline.map(Deadline::instant);
@@ -513,19 +563,28 @@ where
             .await
     })
     .await;
-    match committed {
-        Ok(Ok(live)) => {
-            Ok(ChatStream::new(provider, model, live).with_time_to_first_chunk(started.elapsed()))
+    let failure = match committed {
+        Ok(Ok(mut live)) => {
+            live.report = Some(Report {
+                metrics,
+                model: model.clone(),
+                started,
+                usage: Usage::default(),
+            });
+            return Ok(ChatStream::new(provider, model, live)
+                .with_time_to_first_chunk(started.elapsed()));
         }
-        Ok(Err(f)) => Err(f),
+        Ok(Err(f)) => f,
         Err(_) if deadline.is_some_and(|d| d <= until) => {
-            Err(Failure::deadline_exceeded().with_provider(provider))
+            Failure::deadline_exceeded().with_provider(provider)
         }
-        Err(_) => Err(Failure::new(FailureClass::Timeout)
+        Err(_) => Failure::new(FailureClass::Timeout)
             .with_provider(provider)
             .with_message(format!(
                 "no first content frame within the {:?} first-token timeout",
                 timeouts.first_token
-            ))),
-    }
+            )),
+    };
+    metrics.record_chat(provider, &model, started.elapsed(), Err(&failure));
+    Err(failure)
 }

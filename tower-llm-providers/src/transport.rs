@@ -73,6 +73,72 @@ where
     })
 }
 
+/// Adds the W3C `traceparent` (and `tracestate`) of the current span to an
+/// outbound provider request, so the provider's side of the call joins the
+/// caller's trace. The span context comes from the current `tracing` span
+/// (bridged by `tracing-opentelemetry`: inside the stack, the `llm.attempt`
+/// span), else from the current OpenTelemetry context; nothing is added
+/// when neither carries a valid span context. Feature `otel` (default).
+#[cfg(feature = "otel")]
+pub(crate) fn inject_trace_context(headers: &mut HeaderMap) {
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+    let from_span = tracing::Span::current().context();
+    let current;
+    let cx = if from_span.span().span_context().is_valid() {
+        &from_span
+    } else {
+        current = opentelemetry::Context::current();
+        &current
+    };
+    let span = cx.span();
+    let sc = span.span_context();
+    if !sc.is_valid() {
+        return;
+    }
+    let traceparent = format!(
+        "00-{}-{}-{:02x}",
+        sc.trace_id(),
+        sc.span_id(),
+        sc.trace_flags().to_u8()
+    );
+    if let Ok(v) = http::HeaderValue::from_str(&traceparent) {
+        headers.insert("traceparent", v);
+    }
+    let state = sc.trace_state().header();
+    if !state.is_empty() {
+        if let Ok(v) = http::HeaderValue::from_str(&state) {
+            headers.insert("tracestate", v);
+        }
+    }
+}
+
+/// Without the `otel` feature, requests carry no trace context.
+#[cfg(not(feature = "otel"))]
+pub(crate) fn inject_trace_context(_headers: &mut HeaderMap) {}
+
+/// Times one chat call of `provider` and records its GenAI metrics.
+pub(crate) async fn timed_chat<F>(
+    metrics: &tower_llm_core::GenAiMetrics,
+    provider: &'static str,
+    model: &str,
+    call: F,
+) -> Result<tower_llm_core::ChatResponse, Failure>
+where
+    F: std::future::Future<Output = Result<tower_llm_core::ChatResponse, Failure>>,
+{
+    let started = tokio::time::Instant::now();
+    let result = call.await;
+    metrics.record_chat(
+        provider,
+        model,
+        started.elapsed(),
+        result.as_ref().map(|r| &r.usage),
+    );
+    result
+}
+
 /// The failure for a request that `http` refused to build.
 pub(crate) fn build_error(provider: &'static str) -> impl Fn(http::Error) -> Failure {
     move |e| {

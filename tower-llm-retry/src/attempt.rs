@@ -132,15 +132,25 @@ where
             start,
             classifier: shared.classifier.clone(),
             finished: false,
+            span: tracing::Span::none(),
         };
         if deadline.is_some_and(|d| d <= start) {
             // Nothing starts after the deadline.
             fut.early = Some(Failure::deadline_exceeded());
             return fut;
         }
+        let link = Link::of(ext).unwrap_or(&shared.link);
+        let number = ext.get::<AttemptNo>().map_or(1, |n| n.0);
+        fut.span = tracing::info_span!(
+            "llm.attempt",
+            provider = link.provider(),
+            model = link.model(),
+            attempt = number,
+            fallback_position = link.position(),
+            outcome = tracing::field::Empty,
+            http_status = tracing::field::Empty,
+        );
         if let Some(log) = AttemptLog::of(ext) {
-            let link = Link::of(ext).unwrap_or(&shared.link);
-            let number = ext.get::<AttemptNo>().map_or(1, |n| n.0);
             let record = AttemptRecord::new(link, number, AttemptOutcome::InFlight, Duration::ZERO);
             match log.begin(record) {
                 Ok(index) => fut.record = Some((log.clone(), index)),
@@ -150,7 +160,11 @@ where
                 }
             }
         }
-        fut.call = Bounded::new(self.inner.call(req), until);
+        let call = {
+            let _span = fut.span.enter();
+            self.inner.call(req)
+        };
+        fut.call = Bounded::new(call, until);
         fut
     }
 }
@@ -173,6 +187,8 @@ pin_project! {
         classifier: C,
         // Set once it has resolved.
         finished: bool,
+        // The `llm.attempt` span.
+        span: tracing::Span,
     }
 
     impl<F, C> PinnedDrop for AttemptFuture<F, C> {
@@ -215,7 +231,11 @@ where
             *this.finished = true;
             return Poll::Ready(Err(early));
         }
-        let (mut result, expired) = match ready!(this.call.as_mut().poll(cx)) {
+        let polled = {
+            let _span = this.span.enter();
+            this.call.as_mut().poll(cx)
+        };
+        let (mut result, expired) = match ready!(polled) {
             Some(result) => (result.map_err(|e| Failure::from_error(e.into())), false),
             None if *this.deadline_bound => (Err(Failure::deadline_exceeded()), true),
             None => (
@@ -223,6 +243,19 @@ where
                 true,
             ),
         };
+        if !this.span.is_disabled() {
+            let outcome = this.classifier.classify(&result);
+            this.span.record(
+                "outcome",
+                match &outcome {
+                    Outcome::Success { .. } => "succeeded",
+                    Outcome::Failure(c) => c.class.as_metric_label(),
+                },
+            );
+            if let Some(status) = outcome.http_status() {
+                this.span.record("http_status", status.as_u16());
+            }
+        }
         if let Some((log, index)) = this.record.take() {
             let outcome = this.classifier.classify(&result);
             let elapsed = this.start.elapsed();

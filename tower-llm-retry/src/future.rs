@@ -3,7 +3,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
-use tower_llm_core::{AttemptLog, Failure, RecordsAttempts};
+use tower_llm_core::{CallOwner, Failure, RecordsAttempts};
 
 pin_project! {
     /// Response future of [`Retry`](crate::Retry).
@@ -11,13 +11,13 @@ pin_project! {
     pub struct ResponseFuture<F> {
         #[pin]
         inner: F,
-        log: Option<AttemptLog>,
+        owner: Option<CallOwner>,
     }
 }
 
 impl<F> ResponseFuture<F> {
-    pub(crate) fn new(inner: F, log: Option<AttemptLog>) -> Self {
-        ResponseFuture { inner, log }
+    pub(crate) fn new(inner: F, owner: Option<CallOwner>) -> Self {
+        ResponseFuture { inner, owner }
     }
 }
 
@@ -30,9 +30,13 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let mut result = ready!(this.inner.poll(cx));
-        if let Some(log) = this.log.take() {
-            log.attach(&mut result);
+        let polled = {
+            let _span = this.owner.as_ref().map(|o| o.span().enter());
+            this.inner.poll(cx)
+        };
+        let mut result = ready!(polled);
+        if let Some(owner) = this.owner.take() {
+            owner.finish(&mut result);
         }
         Poll::Ready(result)
     }

@@ -138,6 +138,18 @@ impl<C: Clone> RetryLayer<C> {
         self.update(|s| s.link = link)
     }
 
+    /// Records the per-call metrics on `metrics` when this layer owns the
+    /// call (no outer tower-llm layer does). Default: [`Metrics::global`]
+    /// (a no-op until the host installs an OpenTelemetry SDK);
+    /// [`Metrics::disabled`] for none.
+    ///
+    /// [`Metrics::global`]: tower_llm_core::Metrics::global
+    /// [`Metrics::disabled`]: tower_llm_core::Metrics::disabled
+    #[must_use]
+    pub fn with_metrics(self, metrics: tower_llm_core::Metrics) -> Self {
+        self.update(|s| s.metrics = metrics)
+    }
+
     /// The retry policy, for use inside `tower::retry::Retry` (together with
     /// [`attempt_layer`](Self::attempt_layer)).
     pub fn policy(&self) -> RetryPolicy<C> {
@@ -154,9 +166,9 @@ impl<S, C: Clone> Layer<S> for RetryLayer<C> {
     type Service = Retry<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Retry::new(tower::retry::Retry::new(
-            self.policy(),
-            self.attempt_layer().layer(inner),
-        ))
+        Retry::new(
+            tower::retry::Retry::new(self.policy(), self.attempt_layer().layer(inner)),
+            self.shared.metrics.clone(),
+        )
     }
 }

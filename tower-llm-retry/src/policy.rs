@@ -32,6 +32,7 @@ pub(crate) struct Shared<C> {
     pub(crate) budget: Arc<dyn Budget + Send + Sync>,
     pub(crate) rng: Arc<dyn RandomSource>,
     pub(crate) link: Link,
+    pub(crate) metrics: tower_llm_core::Metrics,
 }
 
 impl<C: std::fmt::Debug> std::fmt::Debug for Shared<C> {
@@ -60,6 +61,7 @@ impl<C> Shared<C> {
             budget: Arc::new(RetryBudget::seed_default()),
             rng: Arc::new(SplitMix64::from_entropy()),
             link: Link::new("default", ""),
+            metrics: tower_llm_core::Metrics::global(),
         }
     }
 }

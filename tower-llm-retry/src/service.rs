@@ -1,6 +1,8 @@
 use std::task::{Context, Poll};
 
-use tower_llm_core::{AttemptLog, BoxError, Classify, Failure, HasExtensions, RecordsAttempts};
+use tower_llm_core::{
+    BoxError, CallOwner, Classify, Failure, HasExtensions, Metrics, RecordsAttempts,
+};
 use tower_service::Service;
 
 use crate::{Attempt, ResponseFuture, RetryPolicy};
@@ -8,24 +10,30 @@ use crate::{Attempt, ResponseFuture, RetryPolicy};
 /// The service built by [`RetryLayer`](crate::RetryLayer): tower's own
 /// `Retry` driven by a [`RetryPolicy`], around an [`Attempt`] per try.
 ///
-/// It also owns the call's [`AttemptLog`] when no outer tower-llm layer
-/// does, and then attaches the records to the response or the error.
+/// It also owns the call (its [`AttemptLog`](tower_llm_core::AttemptLog),
+/// metrics and span) when no outer tower-llm layer does, and then attaches
+/// the records to the response or the error.
 #[derive(Debug)]
 pub struct Retry<S, C> {
     inner: tower::retry::Retry<RetryPolicy<C>, Attempt<S, C>>,
+    metrics: Metrics,
 }
 
 impl<S: Clone, C> Clone for Retry<S, C> {
     fn clone(&self) -> Self {
         Retry {
             inner: self.inner.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }
 
 impl<S, C> Retry<S, C> {
-    pub(crate) fn new(inner: tower::retry::Retry<RetryPolicy<C>, Attempt<S, C>>) -> Self {
-        Retry { inner }
+    pub(crate) fn new(
+        inner: tower::retry::Retry<RetryPolicy<C>, Attempt<S, C>>,
+        metrics: Metrics,
+    ) -> Self {
+        Retry { inner, metrics }
     }
 
     /// The wrapped service.
@@ -64,7 +72,10 @@ where
 
     fn call(&mut self, mut req: Req) -> Self::Future {
         // Before tower's Retry keeps its copy, so every copy shares the log.
-        let log = AttemptLog::install(req.extensions_mut());
-        ResponseFuture::new(self.inner.call(req), log)
+        let owner = CallOwner::install(req.extensions_mut(), &self.metrics);
+        let _span = owner.as_ref().map(|o| o.span().enter());
+        let fut = self.inner.call(req);
+        drop(_span);
+        ResponseFuture::new(fut, owner)
     }
 }

@@ -1,0 +1,459 @@
+//! OpenTelemetry metrics of a logical call, through the `opentelemetry` API
+//! only: the host installs the SDK and an exporter; without one the global
+//! meter is a no-op.
+//!
+//! The instruments and their closed label sets (seed 002 §1 item 14):
+//!
+//! | instrument | kind | labels |
+//! |---|---|---|
+//! | `ai_router_calls_total` | counter, one per logical call | `provider`, `model`, `outcome` ∈ `succeeded`, `terminal_4xx`, `auth_error`, `all_failed` |
+//! | `ai_router_retries_total` | counter, one per retried attempt | `provider`, `reason` ∈ `5xx`, `429`, `timeout`, `conn_reset` |
+//! | `ai_router_failovers_total` | counter, one per switch to another link | `from`, `to` |
+//! | `ai_router_latency_ms` | histogram, one per attempt | `provider`, `model` |
+//! | `ai_router_deadline_exceeded_total` | counter | none |
+//! | `ai_router_attempts_per_call` | histogram, one per logical call | `final_outcome` (as `outcome`) |
+//!
+//! They are recorded by the layer that owns the call's [`AttemptLog`] (the
+//! outermost tower-llm layer), once, when the call ends, from the call's
+//! attempt records: so the counts of one call always agree with each other
+//! and with the records returned to the caller. Provider and model labels
+//! are the [`Link`](crate::Link) names given to the layers (a closed set
+//! the operator configures); outcome and reason labels come from
+//! `as_metric_label()` on closed enums, never from `Debug`.
+//!
+//! [`GenAiMetrics`] are the OpenTelemetry GenAI client conventions
+//! (`gen_ai.client.operation.duration`, `gen_ai.client.token.usage`),
+//! recorded by the provider services.
+//!
+//! [`AttemptLog`]: crate::AttemptLog
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use opentelemetry::metrics::{Counter, Histogram, Meter};
+use opentelemetry::{KeyValue, Value};
+
+use crate::{
+    AttemptLog, AttemptOutcome, AttemptRecord, Failure, FailureClass, NextStep, RecordsAttempts,
+    Usage,
+};
+
+/// The instrumentation scope name of every tower-llm instrument.
+pub const METER_NAME: &str = "tower-llm";
+
+/// The outcome label of a finished logical call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CallOutcome {
+    /// Served (by any link).
+    Succeeded,
+    /// Ended by a client-side 4xx (bad request, not found, context window,
+    /// content filter) that no link can fix.
+    Terminal4xx,
+    /// Ended by an authentication or permission failure.
+    AuthError,
+    /// Every link tried failed (including the deadline running out).
+    AllFailed,
+}
+
+impl CallOutcome {
+    /// The outcome of a call that ended with `failure` (`None`: success).
+    pub fn of(failure: Option<&Failure>) -> Self {
+        let Some(failure) = failure else {
+            return CallOutcome::Succeeded;
+        };
+        if failure.is_all_links_failed() {
+            return CallOutcome::AllFailed;
+        }
+        match failure.class() {
+            FailureClass::Auth => CallOutcome::AuthError,
+            FailureClass::BadRequest
+            | FailureClass::NotFound
+            | FailureClass::ContextWindowExceeded
+            | FailureClass::ContentFiltered => CallOutcome::Terminal4xx,
+            _ => CallOutcome::AllFailed,
+        }
+    }
+
+    /// `succeeded`, `terminal_4xx`, `auth_error` or `all_failed`.
+    pub const fn as_metric_label(self) -> &'static str {
+        match self {
+            CallOutcome::Succeeded => "succeeded",
+            CallOutcome::Terminal4xx => "terminal_4xx",
+            CallOutcome::AuthError => "auth_error",
+            CallOutcome::AllFailed => "all_failed",
+        }
+    }
+}
+
+struct Instruments {
+    calls: Counter<u64>,
+    retries: Counter<u64>,
+    failovers: Counter<u64>,
+    latency: Histogram<f64>,
+    deadline_exceeded: Counter<u64>,
+    attempts_per_call: Histogram<u64>,
+}
+
+/// The per-call router metrics (see the [module docs](self)); cheap to
+/// clone.
+///
+/// ```
+/// use tower_llm_core::telemetry::Metrics;
+///
+/// // Recorded through the global meter: a no-op until the host installs
+/// // an OpenTelemetry SDK (install it before building the layers).
+/// let metrics = Metrics::global();
+/// // Or through a meter of your own, or not at all.
+/// let meter = opentelemetry::global::meter("my-app");
+/// let _ = (metrics, Metrics::new(&meter), Metrics::disabled());
+/// ```
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Option<Arc<Instruments>>,
+}
+
+impl Metrics {
+    /// The instruments, created on `meter`.
+    pub fn new(meter: &Meter) -> Self {
+        let instruments = Instruments {
+            calls: meter
+                .u64_counter("ai_router_calls_total")
+                .with_description("Logical LLM calls, one per terminal decision")
+                .build(),
+            retries: meter
+                .u64_counter("ai_router_retries_total")
+                .with_description("Attempts retried on the same link, by reason")
+                .build(),
+            failovers: meter
+                .u64_counter("ai_router_failovers_total")
+                .with_description("Switches from one link of a fallback chain to the next")
+                .build(),
+            latency: meter
+                .f64_histogram("ai_router_latency_ms")
+                .with_description("Latency of each attempt, in milliseconds")
+                .with_boundaries(vec![
+                    5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1_000.0, 2_500.0, 5_000.0,
+                    10_000.0, 30_000.0, 60_000.0, 120_000.0,
+                ])
+                .build(),
+            deadline_exceeded: meter
+                .u64_counter("ai_router_deadline_exceeded_total")
+                .with_description("Logical calls ended by their deadline")
+                .build(),
+            attempts_per_call: meter
+                .u64_histogram("ai_router_attempts_per_call")
+                .with_description("Attempts made by each logical call")
+                .with_boundaries(vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0])
+                .build(),
+        };
+        Metrics {
+            inner: Some(Arc::new(instruments)),
+        }
+    }
+
+    /// The instruments on the global meter provider's [`METER_NAME`] meter
+    /// (a no-op until the host installs an SDK; instruments are bound when
+    /// created, so install the SDK first).
+    pub fn global() -> Self {
+        Metrics::new(&opentelemetry::global::meter(METER_NAME))
+    }
+
+    /// Records nothing.
+    pub fn disabled() -> Self {
+        Metrics { inner: None }
+    }
+
+    /// `false` for [`Metrics::disabled`].
+    pub fn is_enabled(&self) -> bool {
+        self.inner.is_some()
+    }
+
+    /// Records a finished logical call: `failure` is its error (`None` on
+    /// success), `attempts` its attempt records.
+    pub fn record_call(&self, failure: Option<&Failure>, attempts: &[AttemptRecord]) {
+        let Some(m) = self.inner.as_deref() else {
+            return;
+        };
+        let outcome = CallOutcome::of(failure).as_metric_label();
+        let mut made = 0u64;
+        let mut previous: Option<&AttemptRecord> = None;
+        for record in attempts {
+            if record.outcome == AttemptOutcome::SkippedByPolicy {
+                continue;
+            }
+            made += 1;
+            if let Some(prev) = previous {
+                if prev.fallback_position != record.fallback_position {
+                    m.failovers.add(
+                        1,
+                        &[
+                            KeyValue::new("from", arc_value(&prev.provider)),
+                            KeyValue::new("to", arc_value(&record.provider)),
+                        ],
+                    );
+                }
+            }
+            previous = Some(record);
+            if record.outcome == AttemptOutcome::Failed(FailureClass::CircuitOpen) {
+                // Refused by the breaker: no provider call to time.
+                continue;
+            }
+            let provider = KeyValue::new("provider", arc_value(&record.provider));
+            m.latency.record(
+                record.elapsed.as_secs_f64() * 1_000.0,
+                &[
+                    provider.clone(),
+                    KeyValue::new("model", arc_value(&record.model)),
+                ],
+            );
+            if record.next == NextStep::Retried {
+                let reason = record.retry_reason().map_or("5xx", |r| r.as_metric_label());
+                m.retries
+                    .add(1, &[provider, KeyValue::new("reason", reason)]);
+            }
+        }
+        let (provider, model) = match previous {
+            Some(r) => (arc_value(&r.provider), arc_value(&r.model)),
+            None => (
+                failure
+                    .and_then(Failure::provider)
+                    .map_or(Value::from("unknown"), |p| Value::from(p.to_owned())),
+                failure
+                    .and_then(Failure::model)
+                    .map_or(Value::from("unknown"), |p| Value::from(p.to_owned())),
+            ),
+        };
+        m.calls.add(
+            1,
+            &[
+                KeyValue::new("provider", provider),
+                KeyValue::new("model", model),
+                KeyValue::new("outcome", outcome),
+            ],
+        );
+        m.attempts_per_call
+            .record(made, &[KeyValue::new("final_outcome", outcome)]);
+        if failure.is_some_and(Failure::is_deadline_exceeded) {
+            m.deadline_exceeded.add(1, &[]);
+        }
+    }
+}
+
+/// What the layer that owns a logical call holds until the call ends: the
+/// call's [`AttemptLog`], its [`Metrics`] and its `llm.call` tracing span
+/// (fields `provider`, `model`, `outcome`, `attempts`, recorded at the end;
+/// attempt spans are its children).
+#[derive(Debug)]
+pub struct CallOwner {
+    log: AttemptLog,
+    metrics: Metrics,
+    span: tracing::Span,
+}
+
+impl CallOwner {
+    /// Takes ownership of the call whose request carries `extensions`: a
+    /// fresh attempt log and span, or `None` when an outer layer already
+    /// owns the call.
+    pub fn install(extensions: &mut http::Extensions, metrics: &Metrics) -> Option<CallOwner> {
+        let log = AttemptLog::install(extensions)?;
+        let span = tracing::info_span!(
+            "llm.call",
+            provider = tracing::field::Empty,
+            model = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            attempts = tracing::field::Empty,
+        );
+        Some(CallOwner {
+            log,
+            metrics: metrics.clone(),
+            span,
+        })
+    }
+
+    /// The call's span (enter it while polling the call).
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// Ends the call: records its metrics and span fields from the attempt
+    /// records, then attaches the records to the response or the error.
+    ///
+    /// A call that ends on an authentication failure is logged once, at
+    /// `error` with `severity = "sev-1"`: it is a configuration fault (a
+    /// wrong or revoked key) that no retry fixes.
+    pub fn finish<Res: RecordsAttempts>(self, result: &mut Result<Res, Failure>) {
+        if let Err(failure) = result.as_ref() {
+            if failure.is_auth() {
+                let records = self.log.snapshot();
+                let last = records.last();
+                tracing::error!(
+                    parent: &self.span,
+                    severity = "sev-1",
+                    provider = last.map_or(failure.provider().unwrap_or(""), |r| &*r.provider),
+                    model = last.map_or(failure.model().unwrap_or(""), |r| &*r.model),
+                    status = failure.http_status().map(|s| s.as_u16()),
+                    "provider rejected our credentials (401/403): check the API key or its permissions"
+                );
+            }
+        }
+        if !self.span.is_disabled() {
+            let outcome = CallOutcome::of(result.as_ref().err()).as_metric_label();
+            self.span.record("outcome", outcome);
+            let records = self.log.snapshot();
+            self.span.record("attempts", records.len());
+            if let Some(last) = records.last() {
+                self.span.record("provider", &*last.provider);
+                self.span.record("model", &*last.model);
+            }
+        }
+        self.log.finish_call(result, &self.metrics);
+    }
+}
+
+fn arc_value(s: &Arc<str>) -> Value {
+    Value::from(s.clone())
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics")
+            .field("enabled", &self.is_enabled())
+            .finish()
+    }
+}
+
+struct GenAiInstruments {
+    duration: Histogram<f64>,
+    tokens: Histogram<u64>,
+}
+
+/// The OpenTelemetry GenAI client metrics of a provider service:
+/// `gen_ai.client.operation.duration` (seconds) and
+/// `gen_ai.client.token.usage` (tokens, by `gen_ai.token.type` `input` /
+/// `output`), with `gen_ai.operation.name`, `gen_ai.provider.name`,
+/// `gen_ai.request.model` and, on failure, `error.type` (the failure
+/// class label).
+#[derive(Clone)]
+pub struct GenAiMetrics {
+    inner: Option<Arc<GenAiInstruments>>,
+}
+
+impl GenAiMetrics {
+    /// The instruments, created on `meter`.
+    pub fn new(meter: &Meter) -> Self {
+        GenAiMetrics {
+            inner: Some(Arc::new(GenAiInstruments {
+                duration: meter
+                    .f64_histogram("gen_ai.client.operation.duration")
+                    .with_unit("s")
+                    .with_description("GenAI operation duration")
+                    .with_boundaries(vec![
+                        0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
+                        40.96, 81.92,
+                    ])
+                    .build(),
+                tokens: meter
+                    .u64_histogram("gen_ai.client.token.usage")
+                    .with_unit("{token}")
+                    .with_description("Measures number of input and output tokens used")
+                    .with_boundaries(vec![
+                        1.0,
+                        4.0,
+                        16.0,
+                        64.0,
+                        256.0,
+                        1_024.0,
+                        4_096.0,
+                        16_384.0,
+                        65_536.0,
+                        262_144.0,
+                        1_048_576.0,
+                        4_194_304.0,
+                        16_777_216.0,
+                        67_108_864.0,
+                    ])
+                    .build(),
+            })),
+        }
+    }
+
+    /// The instruments on the global meter provider (see
+    /// [`Metrics::global`]).
+    pub fn global() -> Self {
+        GenAiMetrics::new(&opentelemetry::global::meter(METER_NAME))
+    }
+
+    /// Records nothing.
+    pub fn disabled() -> Self {
+        GenAiMetrics { inner: None }
+    }
+
+    /// Records one chat operation of `provider`'s `model` that took
+    /// `duration`: its usage on success, its class on failure.
+    pub fn record_chat(
+        &self,
+        provider: &'static str,
+        model: &str,
+        duration: Duration,
+        result: Result<&Usage, &Failure>,
+    ) {
+        let Some(m) = self.inner.as_deref() else {
+            return;
+        };
+        let mut attributes = vec![
+            KeyValue::new("gen_ai.operation.name", "chat"),
+            KeyValue::new("gen_ai.provider.name", provider),
+            KeyValue::new("gen_ai.request.model", model.to_owned()),
+        ];
+        match result {
+            Ok(usage) => {
+                m.duration.record(duration.as_secs_f64(), &attributes);
+                attributes.push(KeyValue::new("gen_ai.token.type", "input"));
+                m.tokens.record(u64::from(usage.prompt_tokens), &attributes);
+                if let Some(last) = attributes.last_mut() {
+                    *last = KeyValue::new("gen_ai.token.type", "output");
+                }
+                m.tokens
+                    .record(u64::from(usage.completion_tokens), &attributes);
+            }
+            Err(failure) => {
+                attributes.push(KeyValue::new(
+                    "error.type",
+                    failure.class().as_metric_label(),
+                ));
+                m.duration.record(duration.as_secs_f64(), &attributes);
+            }
+        }
+    }
+}
+
+impl fmt::Debug for GenAiMetrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GenAiMetrics")
+            .field("enabled", &self.inner.is_some())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes() {
+        assert_eq!(CallOutcome::of(None).as_metric_label(), "succeeded");
+        let auth = Failure::new(FailureClass::Auth);
+        assert_eq!(CallOutcome::of(Some(&auth)), CallOutcome::AuthError);
+        let bad = Failure::new(FailureClass::BadRequest);
+        assert_eq!(CallOutcome::of(Some(&bad)), CallOutcome::Terminal4xx);
+        let mut exhausted = Failure::new(FailureClass::BadRequest);
+        exhausted.mark_all_links_failed(None);
+        assert_eq!(CallOutcome::of(Some(&exhausted)), CallOutcome::AllFailed);
+        let late = Failure::deadline_exceeded();
+        assert_eq!(CallOutcome::of(Some(&late)).as_metric_label(), "all_failed");
+        // Disabled metrics accept anything.
+        Metrics::disabled().record_call(Some(&late), &[]);
+        assert!(format!("{:?}", Metrics::disabled()).contains("false"));
+    }
+}
