@@ -2,7 +2,11 @@
 //! only: the host installs the SDK and an exporter; without one the global
 //! meter is a no-op.
 //!
-//! The instruments and their closed label sets (seed 002 §1 item 14):
+//! The instruments and their closed label sets (seed 002 §1 item 14), by
+//! their Prometheus names. Counters are OpenTelemetry instruments named
+//! without the `_total` suffix (`ai_router_calls`, ...), which
+//! OpenTelemetry's Prometheus exporters append, so a Prometheus scrape
+//! reads exactly the names below; histograms carry no unit suffix.
 //!
 //! | instrument | kind | labels |
 //! |---|---|---|
@@ -118,15 +122,15 @@ impl Metrics {
     pub fn new(meter: &Meter) -> Self {
         let instruments = Instruments {
             calls: meter
-                .u64_counter("ai_router_calls_total")
+                .u64_counter("ai_router_calls")
                 .with_description("Logical LLM calls, one per terminal decision")
                 .build(),
             retries: meter
-                .u64_counter("ai_router_retries_total")
+                .u64_counter("ai_router_retries")
                 .with_description("Attempts retried on the same link, by reason")
                 .build(),
             failovers: meter
-                .u64_counter("ai_router_failovers_total")
+                .u64_counter("ai_router_failovers")
                 .with_description("Switches from one link of a fallback chain to the next")
                 .build(),
             latency: meter
@@ -138,7 +142,7 @@ impl Metrics {
                 ])
                 .build(),
             deadline_exceeded: meter
-                .u64_counter("ai_router_deadline_exceeded_total")
+                .u64_counter("ai_router_deadline_exceeded")
                 .with_description("Logical calls ended by their deadline")
                 .build(),
             attempts_per_call: meter

@@ -1,0 +1,336 @@
+//! Telemetry: the seed-002 metrics read through OpenTelemetry's Prometheus
+//! exporter (so the names are checked as a scrape reads them), the breaker
+//! gauge, W3C trace-context propagation and the sev-1 auth event.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry::trace::{
+    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider as _,
+};
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_llm::breaker::BreakerConfig;
+use tower_llm::prelude::*;
+use tower_llm::retry::FixedFraction;
+use tower_llm::{GenAiMetrics, Metrics};
+use tower_llm_providers::mock::{MockServer, Reply, ScriptedTransport};
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::SubscriberExt;
+
+/// A meter provider exporting to a Prometheus registry of its own.
+fn prometheus() -> (SdkMeterProvider, prometheus::Registry) {
+    let registry = prometheus::Registry::new();
+    let exporter = opentelemetry_prometheus::exporter()
+        .with_registry(registry.clone())
+        .build()
+        .expect("exporter");
+    let provider = SdkMeterProvider::builder().with_reader(exporter).build();
+    (provider, registry)
+}
+
+fn scrape(registry: &prometheus::Registry) -> String {
+    prometheus::TextEncoder::new()
+        .encode_to_string(&registry.gather())
+        .expect("text")
+}
+
+/// The sum of the samples named `name` whose labels include `labels`.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (metric, rest) = match series.split_once('{') {
+                Some((m, rest)) => (m, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            if metric != name {
+                return None;
+            }
+            let all = labels
+                .iter()
+                .all(|(k, v)| rest.split(',').any(|pair| pair == format!("{k}=\"{v}\"")));
+            all.then(|| value.parse::<f64>().ok()).flatten()
+        })
+        .sum()
+}
+
+#[derive(Clone)]
+struct EuOnly;
+
+#[tokio::test(start_paused = true)]
+async fn seed_ac14_counts_after_a_hundred_calls() {
+    let (meter_provider, registry) = prometheus();
+    let meter = meter_provider.meter("tower-llm");
+    let primary_t = ScriptedTransport::new(Reply::openai_text("primary"));
+    let fallback_t = ScriptedTransport::new(Reply::openai_text("fallback"));
+    let genai = GenAiMetrics::new(&meter);
+    let primary = primary_t.openai().with_metrics(genai.clone());
+    let fallback = fallback_t.openai().with_metrics(genai);
+
+    let breaker = BreakerLayer::new();
+    let link = |svc| {
+        ServiceBuilder::new()
+            .llm_retry(RetryLayer::new().with_rng(FixedFraction(0.5)))
+            .llm_breaker(breaker.clone())
+            .service(svc)
+    };
+    let chain = FallbackLayer::builder(LinkSpec::new("primary", "gpt-4o-mini"))
+        .or(
+            LinkSpec::new("fallback", "claude")
+                .with_admission(|req: &ChatRequest| req.extensions.get::<EuOnly>().is_none()),
+            link(fallback),
+        )
+        .build()
+        .expect("chain");
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(30)).with_metrics(Metrics::new(&meter)))
+        .llm_fallback(chain)
+        .service(link(primary));
+
+    let down = || Reply::openai_error(503, "server_error", "overloaded");
+    let mut retried_attempts = 0;
+    let (mut ok, mut failed) = (0, 0);
+    for i in 0..100 {
+        let mut req = ChatRequest::new("m", vec![Message::user("hi")]);
+        // Every tenth call the primary is down: 8 fail over, 2 may not
+        // leave the EU (the fallback does not admit them) and fail.
+        if i % 10 == 9 {
+            for _ in 0..3 {
+                primary_t.push(down());
+            }
+            if i >= 80 {
+                req.extensions.insert(EuOnly);
+            }
+        }
+        let attempts = match svc.clone().oneshot(req).await {
+            Ok(res) => {
+                ok += 1;
+                res.attempts
+            }
+            Err(e) => {
+                failed += 1;
+                assert!(e.is_all_links_failed(), "{e:?}");
+                e.attempts().to_vec()
+            }
+        };
+        retried_attempts += attempts
+            .iter()
+            .filter(|a| a.next == tower_llm::NextStep::Retried)
+            .count();
+    }
+    assert_eq!((ok, failed), (98, 2));
+
+    let text = scrape(&registry);
+    let calls = |outcome| sample(&text, "ai_router_calls_total", &[("outcome", outcome)]);
+    assert_eq!(calls("succeeded"), 98.0);
+    assert_eq!(calls("all_failed"), 2.0);
+    assert_eq!(calls("terminal_4xx") + calls("auth_error"), 0.0);
+    assert_eq!(
+        sample(&text, "ai_router_calls_total", &[("provider", "fallback"), ("outcome", "succeeded")]),
+        8.0
+    );
+    assert_eq!(
+        sample(&text, "ai_router_failovers_total", &[("from", "primary"), ("to", "fallback")]),
+        8.0
+    );
+    let retries = sample(&text, "ai_router_retries_total", &[]);
+    assert!(retries >= retried_attempts as f64);
+    assert_eq!(retries, 20.0); // 10 failing calls, 2 retries each
+    assert_eq!(
+        sample(&text, "ai_router_retries_total", &[("provider", "primary"), ("reason", "5xx")]),
+        20.0
+    );
+    // 90 + 8 × (3 + 1) + 2 × 3 attempts.
+    assert_eq!(sample(&text, "ai_router_attempts_per_call_count", &[]), 100.0);
+    assert_eq!(sample(&text, "ai_router_attempts_per_call_sum", &[]), 128.0);
+    assert_eq!(sample(&text, "ai_router_latency_ms_count", &[]), 128.0);
+    assert_eq!(sample(&text, "ai_router_deadline_exceeded_total", &[]), 0.0);
+    // The GenAI conventions on the provider services: one duration per
+    // provider call, two token samples per answer.
+    assert_eq!(
+        sample(&text, "gen_ai_client_operation_duration_seconds_count", &[]),
+        128.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "gen_ai_client_operation_duration_seconds_count",
+            &[("error_type", "transient")]
+        ),
+        30.0
+    );
+    assert_eq!(
+        sample(&text, "gen_ai_client_token_usage_count", &[("gen_ai_token_type", "input")]),
+        98.0
+    );
+    // Names as a Prometheus scrape reads them: no doubled suffixes.
+    assert!(!text.contains("_total_total"));
+    assert!(text.contains("# TYPE ai_router_calls_total counter"));
+    assert!(text.contains("# TYPE ai_router_latency_ms histogram"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_exceeded_call_is_counted_once() {
+    let (meter_provider, registry) = prometheus();
+    let meter = meter_provider.meter("tower-llm");
+    let t = ScriptedTransport::new(Reply::Hang);
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(2)).with_metrics(Metrics::new(&meter)))
+        .llm_retry(RetryLayer::new())
+        .service(t.openai());
+    let err = svc
+        .oneshot(ChatRequest::new("m", vec![Message::user("hi")]))
+        .await
+        .unwrap_err();
+    assert!(err.is_deadline_exceeded());
+    let text = scrape(&registry);
+    assert_eq!(sample(&text, "ai_router_deadline_exceeded_total", &[]), 1.0);
+    assert_eq!(
+        sample(&text, "ai_router_calls_total", &[("outcome", "all_failed"), ("provider", "default")]),
+        1.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_breaker_gauge_moves_closed_open_half_open_closed() {
+    let (meter_provider, registry) = prometheus();
+    let meter = meter_provider.meter("tower-llm");
+    let breaker = BreakerLayer::new()
+        .with_config(BreakerConfig::default())
+        .expect("config");
+    let _gauge = breaker.handle().register_gauge(&meter);
+    let t = ScriptedTransport::new(Reply::openai_text("ok"));
+    let svc = ServiceBuilder::new().llm_breaker(breaker).service(t.openai());
+    let req = || ChatRequest::new("m", vec![Message::user("hi")]);
+    let state = || {
+        sample(
+            &scrape(&registry),
+            "llm_circuit_state",
+            &[("provider", "default")],
+        )
+    };
+
+    svc.clone().oneshot(req()).await.expect("healthy");
+    assert_eq!(state(), 0.0);
+    for _ in 0..5 {
+        t.push(Reply::openai_error(503, "server_error", "down"));
+        svc.clone().oneshot(req()).await.unwrap_err();
+    }
+    assert_eq!(state(), 1.0);
+    // After the cooldown, one probe goes through: half-open while it runs.
+    tokio::time::sleep(BreakerConfig::default().cooldown + Duration::from_millis(1)).await;
+    t.push(Reply::openai_text("back").after(Duration::from_secs(1)));
+    let probe = tokio::spawn(svc.clone().oneshot(req()));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(state(), 2.0);
+    probe.await.expect("task").expect("the probe succeeds");
+    assert_eq!(state(), 0.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn seed_ac17_outbound_traceparent_continues_the_inbound_trace() {
+    let tracer_provider = SdkTracerProvider::builder().build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(tracer_provider.tracer("test")));
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let server = MockServer::start(Reply::openai_text("hi")).await.expect("server");
+    let client = tower_llm::providers::https::client_with_connect_timeout(Duration::from_secs(5));
+    let provider = tower_llm::providers::OpenAi::new(
+        client,
+        tower_llm::providers::OpenAiConfig::new(tower_llm::providers::ApiKey::new("k"))
+            .with_base_url(&server.url()),
+    );
+    let svc = ServiceBuilder::new()
+        .llm_deadline(Duration::from_secs(30))
+        .llm_retry(RetryLayer::new())
+        .service(provider);
+
+    // The inbound request's trace context, as a gateway extracts it.
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let inbound_span_id = "00f067aa0ba902b7";
+    let remote = SpanContext::new(
+        TraceId::from_hex(trace_id).expect("trace id"),
+        SpanId::from_hex(inbound_span_id).expect("span id"),
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::default(),
+    );
+    let inbound = tracing::info_span!("inbound");
+    let _ = inbound.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
+    svc.oneshot(ChatRequest::new("m", vec![Message::user("hi")]))
+        .instrument(inbound)
+        .await
+        .expect("answer");
+
+    let received = server.received();
+    let traceparent = received[0]
+        .headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .expect("a traceparent header");
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(parts.len(), 4, "{traceparent}");
+    assert_eq!(parts[0], "00");
+    assert_eq!(parts[1], trace_id, "same trace");
+    assert_ne!(parts[2], inbound_span_id, "a child span");
+    assert_ne!(parts[2], "0000000000000000");
+    assert_eq!(parts[3], "01");
+}
+
+/// Records the events a subscriber sees as `level fields` lines.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!(" {}={:?}", field.name(), value));
+            }
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                self.0.push_str(&format!(" {}={}", field.name(), value));
+            }
+        }
+        let mut fields = Fields(event.metadata().level().to_string());
+        event.record(&mut fields);
+        self.0.lock().expect("lock").push(fields.0);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_401_emits_one_sev1_error_event_and_never_the_key() {
+    let capture = Capture::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
+    let t = ScriptedTransport::new(Reply::openai_error(
+        401,
+        "invalid_request_error",
+        "Incorrect API key provided: mock",
+    ));
+    let svc = ServiceBuilder::new()
+        .llm_deadline(Duration::from_secs(30))
+        .llm_retry(RetryLayer::new())
+        .service(t.openai());
+    let err = svc
+        .oneshot(ChatRequest::new("gpt-4o-mini", vec![Message::user("hi")]))
+        .await
+        .unwrap_err();
+    assert!(err.is_auth());
+    let events = capture.0.lock().expect("lock").clone();
+    let sev1: Vec<_> = events.iter().filter(|e| e.contains("severity=sev-1")).collect();
+    assert_eq!(sev1.len(), 1, "{events:#?}");
+    assert!(sev1[0].starts_with("ERROR"));
+    assert!(sev1[0].contains("status=401"));
+    assert!(!events.iter().any(|e| e.contains("Bearer")));
+}
