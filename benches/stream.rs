@@ -119,7 +119,9 @@ fn open<S>(svc: &mut S) -> ChatStream
 where
     S: Service<ChatRequest, Response = ChatStream, Error = Failure>,
 {
-    let req = ChatRequest::new("m", vec![Message::user("hi")]);
+    let mut req = ChatRequest::new("m", vec![Message::user("hi")]);
+    // A call deadline, as under a deadline layer: checked before each chunk.
+    tower_llm::Deadline::after(std::time::Duration::from_secs(3600)).store(&mut req.extensions);
     now_or_never(svc.call(req)).expect("commits")
 }
 

@@ -375,3 +375,22 @@ async fn the_breaker_counts_failures_before_the_commit_only() {
     assert!(err.is_circuit_open());
     assert_eq!(server.received().len(), 10);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_finished_stream_gives_its_connection_back_to_the_pool() {
+    let mut steps = openai_stream_steps(&["a"], true);
+    // The chunked body's end arrives after [DONE].
+    steps.push(Step::Pause(Duration::from_millis(50)));
+    let server = MockServer::start(Reply::sse_steps(steps))
+        .await
+        .expect("server");
+    let svc = openai(&server);
+    for _ in 0..3 {
+        let (text, end) = drain(svc.clone().oneshot(req("hi")).await.expect("commits")).await;
+        assert_eq!(text, "a");
+        assert!(end.is_none());
+    }
+    assert_eq!(server.received().len(), 3);
+    assert_eq!(server.connections(), 1, "one kept-alive connection");
+    assert_eq!(server.aborted_streams(), 0);
+}

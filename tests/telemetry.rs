@@ -131,22 +131,37 @@ async fn seed_ac14_counts_after_a_hundred_calls() {
     assert_eq!(calls("all_failed"), 2.0);
     assert_eq!(calls("terminal_4xx") + calls("auth_error"), 0.0);
     assert_eq!(
-        sample(&text, "ai_router_calls_total", &[("provider", "fallback"), ("outcome", "succeeded")]),
+        sample(
+            &text,
+            "ai_router_calls_total",
+            &[("provider", "fallback"), ("outcome", "succeeded")]
+        ),
         8.0
     );
     assert_eq!(
-        sample(&text, "ai_router_failovers_total", &[("from", "primary"), ("to", "fallback")]),
+        sample(
+            &text,
+            "ai_router_failovers_total",
+            &[("from", "primary"), ("to", "fallback")]
+        ),
         8.0
     );
     let retries = sample(&text, "ai_router_retries_total", &[]);
     assert!(retries >= retried_attempts as f64);
     assert_eq!(retries, 20.0); // 10 failing calls, 2 retries each
     assert_eq!(
-        sample(&text, "ai_router_retries_total", &[("provider", "primary"), ("reason", "5xx")]),
+        sample(
+            &text,
+            "ai_router_retries_total",
+            &[("provider", "primary"), ("reason", "5xx")]
+        ),
         20.0
     );
     // 90 + 8 × (3 + 1) + 2 × 3 attempts.
-    assert_eq!(sample(&text, "ai_router_attempts_per_call_count", &[]), 100.0);
+    assert_eq!(
+        sample(&text, "ai_router_attempts_per_call_count", &[]),
+        100.0
+    );
     assert_eq!(sample(&text, "ai_router_attempts_per_call_sum", &[]), 128.0);
     assert_eq!(sample(&text, "ai_router_latency_ms_count", &[]), 128.0);
     assert_eq!(sample(&text, "ai_router_deadline_exceeded_total", &[]), 0.0);
@@ -165,7 +180,11 @@ async fn seed_ac14_counts_after_a_hundred_calls() {
         30.0
     );
     assert_eq!(
-        sample(&text, "gen_ai_client_token_usage_count", &[("gen_ai_token_type", "input")]),
+        sample(
+            &text,
+            "gen_ai_client_token_usage_count",
+            &[("gen_ai_token_type", "input")]
+        ),
         98.0
     );
     // Names as a Prometheus scrape reads them: no doubled suffixes.
@@ -191,7 +210,11 @@ async fn a_deadline_exceeded_call_is_counted_once() {
     let text = scrape(&registry);
     assert_eq!(sample(&text, "ai_router_deadline_exceeded_total", &[]), 1.0);
     assert_eq!(
-        sample(&text, "ai_router_calls_total", &[("outcome", "all_failed"), ("provider", "default")]),
+        sample(
+            &text,
+            "ai_router_calls_total",
+            &[("outcome", "all_failed"), ("provider", "default")]
+        ),
         1.0
     );
 }
@@ -205,7 +228,9 @@ async fn the_breaker_gauge_moves_closed_open_half_open_closed() {
         .expect("config");
     let _gauge = breaker.handle().register_gauge(&meter);
     let t = ScriptedTransport::new(Reply::openai_text("ok"));
-    let svc = ServiceBuilder::new().llm_breaker(breaker).service(t.openai());
+    let svc = ServiceBuilder::new()
+        .llm_breaker(breaker)
+        .service(t.openai());
     let req = || ChatRequest::new("m", vec![Message::user("hi")]);
     let state = || {
         sample(
@@ -239,7 +264,9 @@ async fn seed_ac17_outbound_traceparent_continues_the_inbound_trace() {
         .with(tracing_opentelemetry::layer().with_tracer(tracer_provider.tracer("test")));
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let server = MockServer::start(Reply::openai_text("hi")).await.expect("server");
+    let server = MockServer::start(Reply::openai_text("hi"))
+        .await
+        .expect("server");
     let client = tower_llm::providers::https::client_with_connect_timeout(Duration::from_secs(5));
     let provider = tower_llm::providers::OpenAi::new(
         client,
@@ -328,7 +355,10 @@ async fn a_401_emits_one_sev1_error_event_and_never_the_key() {
         .unwrap_err();
     assert!(err.is_auth());
     let events = capture.0.lock().expect("lock").clone();
-    let sev1: Vec<_> = events.iter().filter(|e| e.contains("severity=sev-1")).collect();
+    let sev1: Vec<_> = events
+        .iter()
+        .filter(|e| e.contains("severity=sev-1"))
+        .collect();
     assert_eq!(sev1.len(), 1, "{events:#?}");
     assert!(sev1[0].starts_with("ERROR"));
     assert!(sev1[0].contains("status=401"));

@@ -317,7 +317,10 @@ impl ChatResponse {
 /// A fragment of a tool call in a stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolCallDelta {
-    /// Which tool call of the answer this fragment belongs to.
+    /// Identifies the tool call within its choice: fragments with the same
+    /// index belong to the same call. (OpenAI sends the tool call's
+    /// position; Anthropic and Bedrock the content block's, so the first
+    /// call after a text block has index 1.)
     pub index: u32,
     /// The call id (on the first fragment).
     #[serde(default, skip_serializing_if = "Option::is_none")]

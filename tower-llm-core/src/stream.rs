@@ -126,8 +126,10 @@ impl ChatStream {
         &self.attempts
     }
 
-    /// Reads the whole stream into one [`ChatResponse`]: text and tool-call
-    /// fragments joined per choice, the last finish reason and usage.
+    /// Reads the whole stream into one [`ChatResponse`]: text joined per
+    /// choice, tool-call fragments joined by their index, the last finish
+    /// reason and usage. (The response id is empty: streams carry none in
+    /// a provider-neutral place.)
     ///
     /// # Errors
     ///
@@ -135,6 +137,8 @@ impl ChatStream {
     pub async fn collect_response(mut self) -> Result<ChatResponse, Failure> {
         let started = tokio::time::Instant::now();
         let mut choices: Vec<Choice> = Vec::new();
+        // Per choice, the tool-call index of each call, in order.
+        let mut call_ids: Vec<Vec<u32>> = Vec::new();
         let mut usage = Usage::default();
         while let Some(item) = std::future::poll_fn(|cx| Pin::new(&mut self).poll_next(cx)).await {
             let chunk = item?;
@@ -147,6 +151,7 @@ impl ChatStream {
                         tool_calls: Vec::new(),
                         finish_reason: FinishReason::Other,
                     });
+                    call_ids.push(Vec::new());
                     choices.len() - 1
                 }
             };
@@ -155,14 +160,27 @@ impl ChatStream {
                 choice.text.push_str(text);
             }
             if let Some(delta) = chunk.tool_call {
-                // A fragment with an id starts a call; the rest append.
-                match (delta.id, choice.tool_calls.last_mut()) {
-                    (None, Some(call)) => call.arguments.push_str(&delta.arguments),
-                    (id, _) => choice.tool_calls.push(ToolCall {
-                        id: id.unwrap_or_default(),
-                        name: delta.name.unwrap_or_default(),
-                        arguments: delta.arguments,
-                    }),
+                // Fragments join the call with their index.
+                let ids = &mut call_ids[at];
+                match ids.iter().position(|&i| i == delta.index) {
+                    Some(k) => {
+                        let call = &mut choice.tool_calls[k];
+                        if call.id.is_empty() {
+                            call.id = delta.id.unwrap_or_default();
+                        }
+                        if call.name.is_empty() {
+                            call.name = delta.name.unwrap_or_default();
+                        }
+                        call.arguments.push_str(&delta.arguments);
+                    }
+                    None => {
+                        ids.push(delta.index);
+                        choice.tool_calls.push(ToolCall {
+                            id: delta.id.unwrap_or_default(),
+                            name: delta.name.unwrap_or_default(),
+                            arguments: delta.arguments,
+                        });
+                    }
                 }
             }
             if let Some(reason) = chunk.finish_reason {
@@ -311,6 +329,43 @@ mod tests {
         assert_eq!(r.finish_reason(), Some(FinishReason::ToolCalls));
         assert_eq!((r.usage.prompt_tokens, r.usage.completion_tokens), (25, 15));
         assert_eq!(&*r.provider, "anthropic");
+    }
+
+    #[tokio::test]
+    async fn interleaved_tool_call_fragments_join_their_own_call() {
+        let frag = |index: u32, id: Option<&str>, args: &str| {
+            Ok(ChatChunk {
+                tool_call: Some(ToolCallDelta {
+                    index,
+                    id: id.map(Into::into),
+                    name: id.map(|i| format!("tool_{i}")),
+                    arguments: args.into(),
+                }),
+                ..ChatChunk::default()
+            })
+        };
+        let s = ChatStream::from_chunks(
+            "openai",
+            "m",
+            vec![
+                frag(0, Some("a"), ""),
+                frag(1, Some("b"), ""),
+                frag(0, None, "{\"x\":1}"),
+                frag(1, None, "{\"y\":2}"),
+            ],
+        );
+        let r = s.collect_response().await.expect("complete");
+        let calls = &r.choices[0].tool_calls;
+        assert_eq!(calls.len(), 2);
+        assert_eq!(
+            (calls[0].id.as_str(), calls[0].arguments.as_str()),
+            ("a", "{\"x\":1}")
+        );
+        assert_eq!(
+            (calls[1].id.as_str(), calls[1].arguments.as_str()),
+            ("b", "{\"y\":2}")
+        );
+        assert_eq!(calls[1].name, "tool_b");
     }
 
     #[tokio::test]

@@ -236,7 +236,10 @@ where
         Box::pin(async move {
             let http_req = request(&config, &req, true)?;
             let open = crate::streaming::Open {
-                wire: crate::streaming::SseWire::new(crate::stream::anthropic_event),
+                wire: crate::streaming::SseWire::new(
+                    crate::stream::anthropic_event,
+                    Some(config.api_key.clone()),
+                ),
                 provider: PROVIDER,
                 model: req.model.clone(),
                 max_error_body: config.max_body,

@@ -543,7 +543,9 @@ impl Body for MockBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.steps.is_empty() && self.repeat.as_ref().is_none_or(|(_, left)| *left == 0)
+        // Only once polled to its end, so that a complete stream is never
+        // counted as aborted.
+        self.ended
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -556,6 +558,15 @@ impl Drop for MockBody {
         if let (false, Some(aborted)) = (self.ended, &self.aborted) {
             aborted.fetch_add(1, Ordering::SeqCst);
         }
+    }
+}
+
+/// `reply` with any [`Reply::With`] (also under a delay) built for `req`.
+fn resolve(reply: Reply, req: &Recorded) -> Reply {
+    match reply {
+        Reply::With(build) => resolve(build(req), req),
+        Reply::Delayed(d, inner) => Reply::Delayed(d, Box::new(resolve(*inner, req))),
+        other => other,
     }
 }
 
@@ -655,10 +666,11 @@ impl Service<http::Request<RequestBody>> for ScriptedTransport {
                     headers: parts.headers,
                     body,
                 });
-                let mut reply = s.next();
-                if let (Reply::With(build), Some(req)) = (&reply, s.received.last()) {
-                    reply = build(req);
-                }
+                let reply = s.next();
+                let reply = match s.received.last() {
+                    Some(req) => resolve(reply, req),
+                    None => reply,
+                };
                 (reply, s.aborted.clone())
             };
             respond(reply, aborted).await.ok_or_else(|| {
@@ -685,6 +697,7 @@ impl Service<http::Request<RequestBody>> for ScriptedTransport {
 pub struct MockServer {
     addr: SocketAddr,
     script: Shared,
+    connections: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -700,13 +713,21 @@ impl MockServer {
         let addr = listener.local_addr()?;
         let transport = ScriptedTransport::new(fallback);
         let script = transport.script.clone();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let accepted = connections.clone();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
+                accepted.fetch_add(1, Ordering::SeqCst);
                 let _ = stream.set_nodelay(true);
                 tokio::spawn(serve_connection(stream, transport.clone()));
             }
         });
-        Ok(MockServer { addr, script, task })
+        Ok(MockServer {
+            addr,
+            script,
+            connections,
+            task,
+        })
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -727,6 +748,12 @@ impl MockServer {
     /// Every request received so far.
     pub fn received(&self) -> Vec<Recorded> {
         lock(&self.script).received.clone()
+    }
+
+    /// How many connections were accepted (keep-alive reuse shows as fewer
+    /// connections than requests).
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 
     /// How many [`Reply::Stream`] bodies were dropped before their end: the

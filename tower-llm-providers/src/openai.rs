@@ -220,7 +220,10 @@ where
             )?;
             let http_req = post(&config, "chat/completions", body)?;
             let open = crate::streaming::Open {
-                wire: crate::streaming::SseWire::new(crate::stream::openai_event),
+                wire: crate::streaming::SseWire::new(
+                    crate::stream::openai_event,
+                    Some(config.api_key.clone()),
+                ),
                 provider: PROVIDER,
                 model: req.model.clone(),
                 max_error_body: config.max_body,

@@ -23,7 +23,8 @@ pub struct SseEvent {
     pub data: String,
 }
 
-/// An incremental server-sent-events parser (the WHATWG rules: lines end in
+/// An incremental server-sent-events parser (the WHATWG rules: a leading
+/// byte order mark is skipped; lines end in
 /// `\n`, `\r\n` or `\r`; `:` starts a comment; a blank line ends an event;
 /// `id:` and `retry:` are ignored; an event with no data is dropped).
 ///
@@ -38,6 +39,7 @@ pub struct SseEvent {
 /// ```
 #[derive(Debug, Default)]
 pub struct SseParser {
+    started: bool,
     line: Vec<u8>,
     skip_lf: bool,
     event: Option<String>,
@@ -75,6 +77,11 @@ impl SseParser {
         mut on_event: impl FnMut(SseEvent),
     ) -> Result<(), Failure> {
         let mut rest = bytes;
+        if !self.started && !rest.is_empty() {
+            // A UTF-8 byte order mark may open the stream.
+            self.started = true;
+            rest = rest.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(rest);
+        }
         while let Some(&b) = rest.first() {
             if self.skip_lf {
                 self.skip_lf = false;
@@ -157,6 +164,9 @@ fn too_big() -> Failure {
 pub enum StreamItem {
     /// Content (or usage) to hand on.
     Chunk(ChatChunk),
+    /// Several chunks from one event (an OpenAI delta carrying more than
+    /// one tool call), in order.
+    Chunks(Vec<ChatChunk>),
     /// The stream's terminator (`[DONE]`, `message_stop`).
     Done,
     /// Nothing for the caller (a ping, a start or stop marker).
@@ -167,7 +177,14 @@ impl StreamItem {
     /// `true` for a chunk carrying content (text or a tool-call fragment):
     /// the first one is a stream's commit point.
     pub fn is_content(&self) -> bool {
-        matches!(self, StreamItem::Chunk(c) if c.text.as_deref().is_some_and(|t| !t.is_empty()) || c.tool_call.is_some())
+        let content = |c: &ChatChunk| {
+            c.text.as_deref().is_some_and(|t| !t.is_empty()) || c.tool_call.is_some()
+        };
+        match self {
+            StreamItem::Chunk(c) => content(c),
+            StreamItem::Chunks(cs) => cs.iter().any(content),
+            StreamItem::Done | StreamItem::Skip => false,
+        }
     }
 }
 
@@ -290,23 +307,45 @@ pub fn openai_event(event: &SseEvent) -> Result<StreamItem, Failure> {
             None => StreamItem::Skip,
         });
     };
-    let tool_call = choice
+    let mut calls = choice
         .delta
         .tool_calls
-        .and_then(|calls| calls.into_iter().next())
+        .unwrap_or_default()
+        .into_iter()
         .map(|t| ToolCallDelta {
             index: t.index,
             id: t.id,
             name: t.function.as_ref().and_then(|f| f.name.clone()),
             arguments: t.function.and_then(|f| f.arguments).unwrap_or_default(),
         });
-    Ok(StreamItem::Chunk(ChatChunk {
+    let first = ChatChunk {
         index: choice.index,
         text: choice.delta.content,
-        tool_call,
+        tool_call: calls.next(),
         finish_reason: finish(choice.finish_reason.as_deref()),
         usage,
-    }))
+    };
+    let rest: Vec<ToolCallDelta> = calls.collect();
+    if rest.is_empty() {
+        return Ok(StreamItem::Chunk(first));
+    }
+    // One chunk per tool call; the finish reason and usage go last.
+    let (finish_reason, usage) = (first.finish_reason, first.usage);
+    let mut chunks = vec![ChatChunk {
+        finish_reason: None,
+        usage: None,
+        ..first
+    }];
+    chunks.extend(rest.into_iter().map(|call| ChatChunk {
+        index: choice.index,
+        tool_call: Some(call),
+        ..ChatChunk::default()
+    }));
+    if let Some(last) = chunks.last_mut() {
+        last.finish_reason = finish_reason;
+        last.usage = usage;
+    }
+    Ok(StreamItem::Chunks(chunks))
 }
 
 #[derive(Deserialize)]

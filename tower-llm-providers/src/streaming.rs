@@ -12,9 +12,13 @@
 //! |---|---|
 //! | an HTTP error answer | from status, headers and body, as for unary calls |
 //! | an in-band error event (OpenAI `error` object, Anthropic `event: error`, a Bedrock exception message) | from the error's type (`overloaded_error` is transient, throttling is rate limited, ...) |
-//! | a stream that ends, or sends its terminator, with no content | transient |
+//! | a stream that ends, or sends its terminator, with neither content nor a finish reason | transient |
 //! | no content frame within the first-token timeout | timeout (or deadline exceeded, when the call's deadline came first) |
 //! | a malformed frame | invalid response |
+//!
+//! A stream that ends properly with a finish reason but no content (a
+//! content filter's stop, an empty answer) is a complete answer: it
+//! commits, and is not retried.
 //!
 //! The peek holds at most the first content frame (plus one merged
 //! preamble chunk with any usage or finish reason sent before it) and hands
@@ -23,11 +27,15 @@
 //!
 //! After the commit point nothing retries: a mid-stream error event, a
 //! connection that breaks off, a stall longer than the idle timeout, the
-//! call's deadline, or a stream that ends without its terminator (`[DONE]`,
+//! call's deadline (it bounds the whole stream, checked before each chunk
+//! is handed on), or a stream that ends without its terminator (`[DONE]`,
 //! `message_stop`, Bedrock's `messageStop`) ends the [`ChatStream`] with one
 //! terminal `Err` item carrying the failure class. The breaker counts only
 //! failures before the commit point (its call future resolved `Ok` at the
 //! commit).
+//!
+//! After the terminator the rest of the body is read (at most 64 KiB,
+//! within the idle timeout) so the connection can return to the pool.
 //!
 //! Put the layers around a `Streaming` service exactly as around the unary
 //! one; the retry layer's attempt timeout then bounds the time to the first
@@ -197,15 +205,32 @@ pub(crate) struct SseWire {
     parser: SseParser,
     decode: fn(&SseEvent) -> Result<StreamItem, Failure>,
     failed: bool,
+    /// The key sent, removed from in-band error messages that echo it.
+    secret: Option<crate::ApiKey>,
 }
 
 impl SseWire {
-    pub(crate) fn new(decode: fn(&SseEvent) -> Result<StreamItem, Failure>) -> Self {
+    pub(crate) fn new(
+        decode: fn(&SseEvent) -> Result<StreamItem, Failure>,
+        secret: Option<crate::ApiKey>,
+    ) -> Self {
         SseWire {
             parser: SseParser::new(),
             decode,
             failed: false,
+            secret,
         }
+    }
+}
+
+/// `failure` with `secret` removed from its message.
+fn scrub(failure: Failure, secret: &str) -> Failure {
+    match failure.message() {
+        Some(m) if secret.len() >= 4 && m.contains(secret) => {
+            let scrubbed = m.replace(secret, "[redacted]");
+            failure.with_message(scrubbed)
+        }
+        _ => failure,
     }
 }
 
@@ -216,11 +241,23 @@ impl Wire for SseWire {
         }
         let decode = self.decode;
         let mut failed = false;
+        let secret = self.secret.as_ref();
         let parsed = self.parser.push_with(bytes, |event| {
-            if !failed {
-                let item = decode(&event);
-                failed = item.is_err();
-                out.push_back(item);
+            if failed {
+                return;
+            }
+            match decode(&event) {
+                Ok(StreamItem::Chunks(chunks)) => {
+                    out.extend(chunks.into_iter().map(|c| Ok(StreamItem::Chunk(c))));
+                }
+                Ok(item) => out.push_back(Ok(item)),
+                Err(f) => {
+                    failed = true;
+                    out.push_back(Err(match secret {
+                        Some(secret) => scrub(f, secret.expose()),
+                        None => f,
+                    }));
+                }
             }
         });
         if let Err(f) = parsed {
@@ -234,7 +271,11 @@ impl Wire for SseWire {
 /// What a committed stream is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    /// Chunks flow.
     Open,
+    /// The terminator came: reading the rest of the body.
+    Draining,
+    /// Ended (cleanly or with the terminal error).
     Finished,
 }
 
@@ -312,8 +353,17 @@ where
     /// clean end.
     fn poll_raw(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<StreamItem, Failure>>> {
         loop {
-            if let Some(item) = self.queue.pop_front() {
-                return Poll::Ready(Some(item.map_err(|f| f.with_provider(self.provider))));
+            match self.queue.pop_front() {
+                Some(Ok(StreamItem::Chunks(chunks))) => {
+                    for chunk in chunks.into_iter().rev() {
+                        self.queue.push_front(Ok(StreamItem::Chunk(chunk)));
+                    }
+                    continue;
+                }
+                Some(item) => {
+                    return Poll::Ready(Some(item.map_err(|f| f.with_provider(self.provider))));
+                }
+                None => {}
             }
             let Some(body) = self.body.as_mut() else {
                 return Poll::Ready(None);
@@ -356,7 +406,8 @@ where
                         merge(&mut self.preamble, chunk);
                     }
                 }
-                Some(Ok(StreamItem::Skip)) => {}
+                // (`Chunks` never leaves `poll_raw`.)
+                Some(Ok(StreamItem::Skip | StreamItem::Chunks(_))) => {}
                 Some(Ok(StreamItem::Done)) => {
                     // A complete answer with no content (for example a
                     // content filter's stop) is still an answer.
@@ -365,7 +416,7 @@ where
                         .as_ref()
                         .is_some_and(|p| p.finish_reason.is_some())
                     {
-                        self.phase = Phase::Finished;
+                        self.phase = Phase::Draining;
                         return Ok(self);
                     }
                     return Err(self.empty("the stream ended before any content"));
@@ -422,9 +473,15 @@ where
             this.note_usage(&chunk);
             return Poll::Ready(Some(Ok(chunk)));
         }
-        if this.phase == Phase::Finished {
-            this.report(Ok(()));
-            return Poll::Ready(None);
+        match this.phase {
+            Phase::Finished => return Poll::Ready(None),
+            Phase::Draining => return this.poll_drain(cx),
+            Phase::Open => {}
+        }
+        // The deadline ends the stream even while chunks keep coming.
+        if this.deadline.is_some_and(|d| Instant::now() >= d) {
+            let failure = Failure::deadline_exceeded().with_provider(this.provider);
+            return this.fail(failure);
         }
         loop {
             match this.poll_raw(cx) {
@@ -433,13 +490,12 @@ where
                     this.note_usage(&chunk);
                     return Poll::Ready(Some(Ok(chunk)));
                 }
-                Poll::Ready(Some(Ok(StreamItem::Skip))) => {}
+                Poll::Ready(Some(Ok(StreamItem::Skip | StreamItem::Chunks(_)))) => {}
                 Poll::Ready(Some(Ok(StreamItem::Done))) => {
                     this.report(Ok(()));
-                    this.phase = Phase::Finished;
-                    this.body = None;
-                    this.timer = None;
-                    return Poll::Ready(None);
+                    this.phase = Phase::Draining;
+                    this.armed = false;
+                    return this.poll_drain(cx);
                 }
                 Poll::Ready(Some(Err(f))) => return this.fail(f),
                 Poll::Ready(None) => {
@@ -453,23 +509,10 @@ where
         }
         // Nothing to hand on: the idle window runs from here (a caller
         // that reads slowly is not a stalled upstream).
-        let now = Instant::now();
-        if !this.armed {
-            this.armed = true;
-            let mut until = now + this.idle;
-            if let Some(deadline) = this.deadline {
-                until = until.min(deadline);
-            }
-            match this.timer.as_mut() {
-                Some(timer) => timer.as_mut().reset(until),
-                None => this.timer = Some(Box::pin(tokio::time::sleep_until(until))),
-            }
-        }
-        let Some(timer) = this.timer.as_mut() else {
-            return Poll::Pending;
-        };
-        ready!(timer.as_mut().poll(cx));
-        let at_deadline = this.deadline.is_some_and(|d| d <= timer.deadline());
+        ready!(this.poll_idle(cx));
+        let at_deadline = this
+            .deadline
+            .is_some_and(|d| this.timer.as_ref().is_some_and(|t| d <= t.deadline()));
         let failure = if at_deadline {
             Failure::deadline_exceeded().with_provider(this.provider)
         } else {
@@ -479,6 +522,74 @@ where
         };
         this.fail(failure)
     }
+}
+
+impl<B, W> Live<B, W>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    W: Wire,
+{
+    /// Arms the idle timer (once per quiet spell: `min(now + idle,
+    /// deadline)`) and polls it; ready when it fires.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if !self.armed {
+            self.armed = true;
+            let now = Instant::now();
+            let mut until = now
+                .checked_add(self.idle)
+                .unwrap_or_else(|| far_future(now));
+            if let Some(deadline) = self.deadline {
+                until = until.min(deadline);
+            }
+            match self.timer.as_mut() {
+                Some(timer) => timer.as_mut().reset(until),
+                None => self.timer = Some(Box::pin(tokio::time::sleep_until(until))),
+            }
+        }
+        match self.timer.as_mut() {
+            Some(timer) => timer.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
+    }
+
+    /// After the terminator: reads the body to its end (at most
+    /// [`DRAIN_LIMIT`] bytes, within the idle timeout) so that the
+    /// connection can go back to the pool, then ends the stream cleanly.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<ChatChunk, Failure>>> {
+        let mut drained = 0usize;
+        while let Some(body) = self.body.as_mut() {
+            match body.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    drained += frame.data_ref().map_or(0, Bytes::len);
+                    self.armed = false;
+                    if drained > DRAIN_LIMIT {
+                        self.body = None;
+                    }
+                }
+                Poll::Ready(Some(Err(_)) | None) => self.body = None,
+                Poll::Pending => {
+                    if self.poll_idle(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    self.body = None;
+                }
+            }
+        }
+        self.phase = Phase::Finished;
+        self.timer = None;
+        self.report(Ok(()));
+        Poll::Ready(None)
+    }
+}
+
+/// The most read after a stream's terminator to let its connection be
+/// reused (64 KiB); more, and the connection is closed instead.
+const DRAIN_LIMIT: usize = 64 * 1024;
+
+/// "Never" for a timeout too large for the clock: about 30 years.
+fn far_future(now: Instant) -> Instant {
+    now + Duration::from_secs(30 * 365 * 24 * 3600)
 }
 
 /// `true` for a chunk carrying content: text or a tool-call fragment.
@@ -542,7 +653,9 @@ where
     } = open;
     let started = Instant::now();
     let deadline = deadline.map(Deadline::instant);
-    let mut until = started + timeouts.first_token;
+    let mut until = started
+        .checked_add(timeouts.first_token)
+        .unwrap_or_else(|| far_future(started));
     if let Some(d) = deadline {
         until = until.min(d);
     }
@@ -571,8 +684,9 @@ where
                 started,
                 usage: Usage::default(),
             });
-            return Ok(ChatStream::new(provider, model, live)
-                .with_time_to_first_chunk(started.elapsed()));
+            return Ok(
+                ChatStream::new(provider, model, live).with_time_to_first_chunk(started.elapsed())
+            );
         }
         Ok(Err(f)) => f,
         Err(_) if deadline.is_some_and(|d| d <= until) => {

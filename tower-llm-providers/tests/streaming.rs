@@ -471,3 +471,114 @@ async fn dropping_a_stream_drops_the_upstream_body() {
     drop(stream);
     assert_eq!(t.aborted_streams(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_ends_a_stream_even_while_chunks_keep_coming() {
+    let pieces: Vec<String> = (0..20).map(|i| format!("{i} ")).collect();
+    let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+    let t = ScriptedTransport::new(Reply::openai_stream(&pieces));
+    let mut r = req();
+    Deadline::after(Duration::from_secs(3)).store(&mut r.extensions);
+    let start = Instant::now();
+    let mut stream = t.openai().streaming().oneshot(r).await.expect("commits");
+    let mut read = 0;
+    let end = loop {
+        match std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await {
+            Some(Ok(_)) => {
+                read += 1;
+                // A slow reader: every chunk is already there when asked for.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Some(Err(f)) => break f,
+            None => panic!("the stream outlived its deadline"),
+        }
+    };
+    assert!(end.is_deadline_exceeded(), "{end:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(3));
+    assert_eq!(read, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn timeouts_too_large_for_the_clock_mean_never() {
+    let t = ScriptedTransport::new(Reply::openai_stream(&["a", "b"]));
+    let stream = t
+        .openai()
+        .streaming()
+        .with_first_token_timeout(Duration::MAX)
+        .with_idle_timeout(Duration::MAX)
+        .oneshot(req())
+        .await
+        .expect("commits");
+    let (chunks, end) = drain(stream).await;
+    assert!(end.is_none());
+    assert_eq!(text(&chunks), "ab");
+}
+
+#[tokio::test(start_paused = true)]
+async fn several_tool_calls_in_one_openai_delta_are_all_kept() {
+    let delta = serde_json::json!({
+        "id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+        "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "call_a", "type": "function",
+             "function": {"name": "weather", "arguments": "{\"city\":\"Paris\"}"}},
+            {"index": 1, "id": "call_b", "type": "function",
+             "function": {"name": "time", "arguments": "{}"}}
+        ]}, "finish_reason": "tool_calls"}]
+    });
+    let t = ScriptedTransport::new(Reply::sse_steps(vec![
+        Step::sse(None, &delta.to_string()),
+        Step::sse(None, "[DONE]"),
+    ]));
+    let stream = t
+        .openai()
+        .streaming()
+        .oneshot(req())
+        .await
+        .expect("commits");
+    let answer = stream.collect_response().await.expect("complete");
+    let calls = &answer.choices[0].tool_calls;
+    assert_eq!(calls.len(), 2);
+    assert_eq!(
+        (calls[0].name.as_str(), calls[1].name.as_str()),
+        ("weather", "time")
+    );
+    assert_eq!(calls[0].arguments, "{\"city\":\"Paris\"}");
+    assert_eq!(answer.finish_reason(), Some(FinishReason::ToolCalls));
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_band_errors_never_carry_the_api_key() {
+    // ScriptedTransport::openai() sends the key "mock"; use a real-looking one.
+    let t = ScriptedTransport::new(Reply::sse_steps(vec![Step::sse(
+        None,
+        r#"{"error":{"type":"invalid_request_error","message":"bad key sk-live-SECRET-0123"}}"#,
+    )]));
+    let provider = tower_llm_providers::OpenAi::new(
+        t,
+        tower_llm_providers::OpenAiConfig::new(tower_llm_providers::ApiKey::new(
+            "sk-live-SECRET-0123",
+        )),
+    );
+    let err = provider.streaming().oneshot(req()).await.unwrap_err();
+    assert!(err.is_bad_request());
+    assert_eq!(err.message(), Some("bad key [redacted]"));
+    assert!(!format!("{err:?} {err}").contains("SECRET"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_complete_stream_is_not_an_aborted_one_and_a_bom_is_skipped() {
+    let mut steps = vec![Step::Send(Bytes::from_static(b"\xEF\xBB\xBF"))];
+    steps.extend(openai_stream_steps(&["a"], true));
+    steps.push(Step::Pause(Duration::from_millis(50))); // the end comes later
+    let t = ScriptedTransport::new(Reply::sse_steps(steps));
+    let stream = t
+        .openai()
+        .streaming()
+        .oneshot(req())
+        .await
+        .expect("commits");
+    let (chunks, end) = drain(stream).await;
+    assert!(end.is_none());
+    assert_eq!(text(&chunks), "a");
+    assert_eq!(t.aborted_streams(), 0, "read to its end after [DONE]");
+}
