@@ -138,6 +138,43 @@ fn drain(mut stream: ChatStream) -> usize {
     n
 }
 
+/// Times the bare parse and the stream alternately, 41 rounds of each, so
+/// that this VM's drift hits both alike; prints the median per-chunk times
+/// and the median of the per-round ratios.
+fn report_paired<S>(provider: &str, svc: &mut S, bytes: &[Bytes], decode: Decode)
+where
+    S: Service<ChatRequest, Response = ChatStream, Error = Failure>,
+{
+    let per_chunk = |d: std::time::Duration| d.as_nanos() as f64 / CHUNKS as f64;
+    let (mut bare_ns, mut stream_ns, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..41 {
+        let t = std::time::Instant::now();
+        for _ in 0..10 {
+            black_box(bare(bytes, decode));
+        }
+        let b = per_chunk(t.elapsed()) / 10.0;
+        let streams: Vec<ChatStream> = (0..10).map(|_| open(svc)).collect();
+        let t = std::time::Instant::now();
+        for stream in streams {
+            black_box(drain(stream));
+        }
+        let s = per_chunk(t.elapsed()) / 10.0;
+        bare_ns.push(b);
+        stream_ns.push(s);
+        ratios.push(s / b);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "{provider}: paired medians per chunk: bare parse {:.0} ns, chat_stream {:.0} ns, overhead {:+.1} %",
+        median(&mut bare_ns),
+        median(&mut stream_ns),
+        (median(&mut ratios) - 1.0) * 100.0
+    );
+}
+
 /// Prints the heap allocations per chunk of the bare parse and the stream.
 fn report_allocations<S>(provider: &str, svc: &mut S, bytes: &[Bytes], decode: Decode)
 where
@@ -174,6 +211,7 @@ fn bench(c: &mut Criterion) {
             "openai" => {
                 let mut svc = transport.openai().streaming();
                 report_allocations(provider, &mut svc, &bytes, decode);
+                report_paired(provider, &mut svc, &bytes, decode);
                 group.bench_function("chat_stream", |b| {
                     b.iter_batched(|| open(&mut svc), drain, BatchSize::SmallInput)
                 });
@@ -181,6 +219,7 @@ fn bench(c: &mut Criterion) {
             _ => {
                 let mut svc = transport.anthropic().streaming();
                 report_allocations(provider, &mut svc, &bytes, decode);
+                report_paired(provider, &mut svc, &bytes, decode);
                 group.bench_function("chat_stream", |b| {
                     b.iter_batched(|| open(&mut svc), drain, BatchSize::SmallInput)
                 });
