@@ -63,11 +63,26 @@
 //! with one terminal `Err` item, and the breaker does not see it. See
 //! [`providers::streaming`].
 //!
+//! # Telemetry
+//!
+//! OpenTelemetry metrics through the `opentelemetry` API only (the host
+//! installs the SDK; without one they are a no-op): the seed-002
+//! `ai_router_*` metrics, recorded once per call from its attempt records
+//! by the outermost layer ([`telemetry`]), the breaker's
+//! `llm_circuit_state` gauge
+//! ([`BreakerHandle::register_gauge`](breaker::BreakerHandle::register_gauge))
+//! and the GenAI client metrics on the providers ([`GenAiMetrics`]).
+//! `tracing` spans per call (`llm.call`) and per attempt (`llm.attempt`);
+//! outbound provider requests carry the W3C `traceparent` of the current
+//! span (feature `otel`).
+//!
 //! # Feature flags
 //!
+//! - `otel` (default): W3C trace context on outbound provider requests,
+//!   from the current `tracing` span via `tracing-opentelemetry`.
 //! - `https` (default): the default rustls transport,
 //!   [`providers::https`].
-//! - `mock`: the test doubles [`providers::mock`] (`ScriptedTransport`,
+//! - `mock`: the test doubles `providers::mock` (`ScriptedTransport`,
 //!   `MockServer`).
 
 mod builder;
