@@ -86,6 +86,7 @@
 //!   `MockServer`).
 
 mod builder;
+pub mod config;
 
 pub use builder::ServiceBuilderExt;
 pub use tower_llm_core::*;

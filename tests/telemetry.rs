@@ -364,3 +364,126 @@ async fn a_401_emits_one_sev1_error_event_and_never_the_key() {
     assert!(sev1[0].contains("status=401"));
     assert!(!events.iter().any(|e| e.contains("Bearer")));
 }
+
+/// A raw HTTP service answering `status` every time.
+fn answering(
+    status: u16,
+) -> impl tower::Service<
+    http::Request<()>,
+    Response = http::Response<()>,
+    Error = Failure,
+    Future = impl Send,
+> + Clone
++ Send {
+    tower::service_fn(move |_req: http::Request<()>| async move {
+        Ok::<_, Failure>(
+            http::Response::builder()
+                .status(status)
+                .body(())
+                .expect("response"),
+        )
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn http_error_answers_handed_back_count_as_their_failure_not_success() {
+    let capture = Capture::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
+    let (meter_provider, registry) = prometheus();
+    let meter = meter_provider.meter("tower-llm");
+    for status in [401, 503, 400] {
+        let svc = ServiceBuilder::new()
+            .layer(DeadlineLayer::new(Duration::from_secs(30)).with_metrics(Metrics::new(&meter)))
+            .llm_retry(RetryLayer::http().with_rng(FixedFraction(0.5)))
+            .service(answering(status));
+        let res = svc
+            .oneshot(http::Request::new(()))
+            .await
+            .expect("the answer comes back as it is");
+        assert_eq!(res.status(), status);
+    }
+    let text = scrape(&registry);
+    let calls = |outcome| sample(&text, "ai_router_calls_total", &[("outcome", outcome)]);
+    assert_eq!(calls("auth_error"), 1.0);
+    assert_eq!(calls("all_failed"), 1.0);
+    assert_eq!(calls("terminal_4xx"), 1.0);
+    assert_eq!(calls("succeeded"), 0.0);
+    let events = capture.0.lock().expect("lock").clone();
+    let sev1: Vec<_> = events
+        .iter()
+        .filter(|e| e.contains("severity=sev-1"))
+        .collect();
+    assert_eq!(sev1.len(), 1, "{events:#?}");
+    assert!(sev1[0].contains("status=401"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_degraded_answer_is_not_a_success() {
+    let (meter_provider, registry) = prometheus();
+    let meter = meter_provider.meter("tower-llm");
+    let t = ScriptedTransport::new(Reply::openai_error(503, "server_error", "down"));
+    let chain = FallbackLayer::builder(LinkSpec::new("primary", "m"))
+        .with_degraded(|_f: &Failure| tower_llm::ChatResponse {
+            id: String::new(),
+            model: "canned".into(),
+            provider: "degraded".into(),
+            fallback_position: 0,
+            degraded: false,
+            choices: vec![],
+            usage: tower_llm::Usage::default(),
+            latency: Duration::ZERO,
+            attempts: vec![],
+        })
+        .with_metrics(Metrics::new(&meter))
+        .build()
+        .expect("chain");
+    let svc = ServiceBuilder::new()
+        .llm_fallback(chain)
+        .llm_retry(RetryLayer::new().with_rng(FixedFraction(0.5)))
+        .service(t.openai());
+    let res = svc
+        .oneshot(ChatRequest::new("m", vec![Message::user("hi")]))
+        .await
+        .expect("degraded");
+    assert!(res.degraded);
+    let text = scrape(&registry);
+    assert_eq!(
+        sample(&text, "ai_router_calls_total", &[("outcome", "all_failed")]),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "ai_router_calls_total", &[("outcome", "succeeded")]),
+        0.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_call_is_still_counted_with_its_attempts() {
+    let (meter_provider, registry) = prometheus();
+    let meter = meter_provider.meter("tower-llm");
+    let t = ScriptedTransport::new(Reply::Hang);
+    t.push(Reply::openai_error(503, "server_error", "down"));
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(30)).with_metrics(Metrics::new(&meter)))
+        .llm_retry(RetryLayer::new().with_rng(FixedFraction(0.5)))
+        .service(t.openai());
+    // The caller gives up after 5 s: one 503, a retry, then a hang.
+    let gave_up = tokio::time::timeout(
+        Duration::from_secs(5),
+        svc.oneshot(ChatRequest::new("m", vec![Message::user("hi")])),
+    )
+    .await;
+    assert!(gave_up.is_err());
+    let text = scrape(&registry);
+    assert_eq!(
+        sample(&text, "ai_router_calls_total", &[("outcome", "all_failed")]),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "ai_router_retries_total", &[("reason", "5xx")]),
+        1.0
+    );
+    assert_eq!(sample(&text, "ai_router_latency_ms_count", &[]), 2.0);
+    assert_eq!(sample(&text, "ai_router_attempts_per_call_sum", &[]), 2.0);
+}

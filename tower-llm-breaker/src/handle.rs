@@ -71,7 +71,8 @@ impl BreakerHandle {
     }
 
     /// Registers the `llm_circuit_state{provider,model}` gauge on `meter`
-    /// (0 closed, 1 open, 2 half-open), observed from this handle's
+    /// (0 closed, 1 open, 2 half-open; circuits keyed with a scope, such as
+    /// per-authority keys, add a `scope` label), observed from this handle's
     /// circuits at each collection. Register once per breaker store; keep
     /// the returned instrument for as long as the gauge should report.
     ///
@@ -89,13 +90,16 @@ impl BreakerHandle {
             .with_description("Circuit breaker state: 0 closed, 1 open, 2 half-open")
             .with_callback(move |observer| {
                 for circuit in handle.snapshot() {
-                    observer.observe(
-                        circuit.state.as_gauge(),
-                        &[
-                            KeyValue::new("provider", circuit.key.provider_arc().clone()),
-                            KeyValue::new("model", circuit.key.model_arc().clone()),
-                        ],
-                    );
+                    let provider = KeyValue::new("provider", circuit.key.provider_arc().clone());
+                    let model = KeyValue::new("model", circuit.key.model_arc().clone());
+                    match circuit.key.scope() {
+                        // Per-authority circuits keep one series each.
+                        Some(scope) => observer.observe(
+                            circuit.state.as_gauge(),
+                            &[provider, model, KeyValue::new("scope", scope.to_owned())],
+                        ),
+                        None => observer.observe(circuit.state.as_gauge(), &[provider, model]),
+                    }
                 }
             })
             .build()

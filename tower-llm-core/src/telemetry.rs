@@ -69,7 +69,26 @@ impl CallOutcome {
         if failure.is_all_links_failed() {
             return CallOutcome::AllFailed;
         }
-        match failure.class() {
+        CallOutcome::of_class(failure.class())
+    }
+
+    /// The outcome of a finished call from its result's error (`None` for
+    /// `Ok`) and its attempt records: an `Ok` whose last attempt failed (an
+    /// HTTP error answer handed back as it is, a degraded answer built
+    /// when every link failed) is not a success, but the failure its last
+    /// attempt was classified as.
+    pub fn of_call(failure: Option<&Failure>, attempts: &[AttemptRecord]) -> Self {
+        if failure.is_some() {
+            return CallOutcome::of(failure);
+        }
+        match last_attempt(attempts).map(|r| r.outcome) {
+            Some(AttemptOutcome::Failed(class)) => CallOutcome::of_class(class),
+            _ => CallOutcome::Succeeded,
+        }
+    }
+
+    fn of_class(class: FailureClass) -> Self {
+        match class {
             FailureClass::Auth => CallOutcome::AuthError,
             FailureClass::BadRequest
             | FailureClass::NotFound
@@ -179,7 +198,7 @@ impl Metrics {
         let Some(m) = self.inner.as_deref() else {
             return;
         };
-        let outcome = CallOutcome::of(failure).as_metric_label();
+        let outcome = CallOutcome::of_call(failure, attempts).as_metric_label();
         let mut made = 0u64;
         let mut previous: Option<&AttemptRecord> = None;
         for record in attempts {
@@ -244,15 +263,29 @@ impl Metrics {
     }
 }
 
+/// The last attempt a call made (skipped links are not attempts).
+fn last_attempt(attempts: &[AttemptRecord]) -> Option<&AttemptRecord> {
+    attempts
+        .iter()
+        .rev()
+        .find(|r| r.outcome != AttemptOutcome::SkippedByPolicy)
+}
+
 /// What the layer that owns a logical call holds until the call ends: the
 /// call's [`AttemptLog`], its [`Metrics`] and its `llm.call` tracing span
 /// (fields `provider`, `model`, `outcome`, `attempts`, recorded at the end;
 /// attempt spans are its children).
+///
+/// A call whose owner is dropped before it ends (the caller went away, an
+/// outer timeout) is still recorded, as `all_failed` (span outcome
+/// `cancelled`), so abandoned calls and their attempts are never missing
+/// from the metrics.
 #[derive(Debug)]
 pub struct CallOwner {
     log: AttemptLog,
     metrics: Metrics,
     span: tracing::Span,
+    done: bool,
 }
 
 impl CallOwner {
@@ -272,6 +305,7 @@ impl CallOwner {
             log,
             metrics: metrics.clone(),
             span,
+            done: false,
         })
     }
 
@@ -283,35 +317,66 @@ impl CallOwner {
     /// Ends the call: records its metrics and span fields from the attempt
     /// records, then attaches the records to the response or the error.
     ///
-    /// A call that ends on an authentication failure is logged once, at
-    /// `error` with `severity = "sev-1"`: it is a configuration fault (a
-    /// wrong or revoked key) that no retry fixes.
-    pub fn finish<Res: RecordsAttempts>(self, result: &mut Result<Res, Failure>) {
-        if let Err(failure) = result.as_ref() {
-            if failure.is_auth() {
-                let records = self.log.snapshot();
-                let last = records.last();
-                tracing::error!(
-                    parent: &self.span,
-                    severity = "sev-1",
-                    provider = last.map_or(failure.provider().unwrap_or(""), |r| &*r.provider),
-                    model = last.map_or(failure.model().unwrap_or(""), |r| &*r.model),
-                    status = failure.http_status().map(|s| s.as_u16()),
-                    "provider rejected our credentials (401/403): check the API key or its permissions"
-                );
-            }
+    /// A call that ends on an authentication failure (an error, or an HTTP
+    /// 401/403 answer handed back) is logged once, at `error` with
+    /// `severity = "sev-1"`: it is a configuration fault (a wrong or revoked
+    /// key) that no retry fixes.
+    pub fn finish<Res: RecordsAttempts>(mut self, result: &mut Result<Res, Failure>) {
+        self.done = true;
+        let records = self.log.take();
+        let failure = result.as_ref().err();
+        let outcome = CallOutcome::of_call(failure, &records);
+        self.report(failure, &records, outcome.as_metric_label());
+        self.metrics.record_call(failure, &records);
+        if records.is_empty() {
+            return;
+        }
+        match result {
+            Ok(res) => res.record_attempts(records),
+            Err(failure) => failure.set_attempts(records),
+        }
+    }
+
+    /// The sev-1 event and the span fields.
+    fn report(&self, failure: Option<&Failure>, records: &[AttemptRecord], outcome: &str) {
+        let last = last_attempt(records);
+        if outcome == CallOutcome::AuthError.as_metric_label() {
+            tracing::error!(
+                parent: &self.span,
+                severity = "sev-1",
+                provider = last.map_or(failure.and_then(Failure::provider).unwrap_or(""), |r| &*r.provider),
+                model = last.map_or(failure.and_then(Failure::model).unwrap_or(""), |r| &*r.model),
+                status = last
+                    .and_then(|r| r.http_status)
+                    .or_else(|| failure.and_then(|f| f.http_status()).map(|s| s.as_u16())),
+                "provider rejected our credentials (401/403): check the API key or its permissions"
+            );
         }
         if !self.span.is_disabled() {
-            let outcome = CallOutcome::of(result.as_ref().err()).as_metric_label();
             self.span.record("outcome", outcome);
-            let records = self.log.snapshot();
-            self.span.record("attempts", records.len());
-            if let Some(last) = records.last() {
+            let made = records
+                .iter()
+                .filter(|r| r.outcome != AttemptOutcome::SkippedByPolicy)
+                .count();
+            self.span.record("attempts", made);
+            if let Some(last) = last {
                 self.span.record("provider", &*last.provider);
                 self.span.record("model", &*last.model);
             }
         }
-        self.log.finish_call(result, &self.metrics);
+    }
+}
+
+impl Drop for CallOwner {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let records = self.log.take();
+        let cancelled = Failure::new(FailureClass::Cancelled)
+            .with_message("the call was dropped before it ended");
+        self.report(Some(&cancelled), &records, "cancelled");
+        self.metrics.record_call(Some(&cancelled), &records);
     }
 }
 

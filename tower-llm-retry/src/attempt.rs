@@ -206,6 +206,7 @@ pin_project! {
                     r.outcome = AttemptOutcome::Failed(class);
                     r.elapsed = elapsed;
                 });
+                this.span.record("outcome", class.as_metric_label());
             }
         }
     }

@@ -1,0 +1,720 @@
+//! Policy as data: every layer's settings, the providers and the routes,
+//! loaded from TOML or JSON, validated at load, and turned into stacks.
+//!
+//! ```
+//! use tower_llm::config::Policy;
+//!
+//! let policy = Policy::from_toml(r#"
+//!     [deadline]
+//!     total_ms = 30000
+//!
+//!     [retry]
+//!     max_attempts = 3
+//!     attempt_timeout_ms = 10000
+//!     base_ms = 200
+//!     factor = 4
+//!     max_ms = 3200
+//!     jitter = 0.2
+//!
+//!     [breaker]
+//!     failure_threshold = 5
+//!     cooldown_ms = 30000
+//!
+//!     [[providers]]
+//!     name = "a"
+//!     kind = "openai"
+//!     base_url = "http://127.0.0.1:9001/v1"
+//!     api_key_env = "A_KEY"
+//!
+//!     [[providers]]
+//!     name = "b"
+//!     kind = "anthropic"
+//!     api_key_env = "B_KEY"
+//!
+//!     [[routes]]
+//!     model = "smart"
+//!     chain = [{ provider = "a", model = "gpt-4o-mini" }, { provider = "b", model = "claude-x" }]
+//! "#).unwrap();
+//! assert_eq!(policy.route("smart").unwrap().chain.len(), 2);
+//!
+//! let err = Policy::from_toml(r#"
+//!     [[routes]]
+//!     model = "smart"
+//!     chain = [{ provider = "nobody", model = "m" }]
+//! "#).unwrap_err();
+//! assert!(err.to_string().contains("unknown provider \"nobody\""));
+//! ```
+//!
+//! Every key is documented on the struct that holds it; a missing key takes
+//! its default, an unknown key is refused (a typo must not silently fall
+//! back to a default).
+
+use std::collections::HashSet;
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tower::ServiceBuilder;
+use tower::util::BoxCloneSyncService;
+use tower_llm_breaker::{BreakerConfig, BreakerLayer};
+use tower_llm_core::{ChatRequest, Failure, Metrics, RecordsAttempts};
+use tower_llm_deadline::DeadlineLayer;
+use tower_llm_fallback::{FallbackLayer, LinkSpec};
+use tower_llm_providers::StreamTimeouts;
+use tower_llm_retry::{Backoff, Jitter, RetryLayer};
+
+use crate::ServiceBuilderExt;
+
+/// A whole policy: the file's top level.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// Where a gateway listens (`host:port`); optional.
+    #[serde(default)]
+    pub listen: Option<String>,
+    /// `[deadline]`: the call's total budget.
+    #[serde(default)]
+    pub deadline: DeadlinePolicy,
+    /// `[retry]`: attempts per link and the backoff between them.
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    /// `[breaker]`: one circuit per provider and model.
+    #[serde(default)]
+    pub breaker: BreakerPolicy,
+    /// `[stream]`: the streaming timeouts.
+    #[serde(default)]
+    pub stream: StreamPolicy,
+    /// `[health]`: optional background probes of the providers.
+    #[serde(default)]
+    pub health: HealthPolicy,
+    /// `[[providers]]`: the upstreams, by name.
+    #[serde(default)]
+    pub providers: Vec<ProviderConfig>,
+    /// `[[routes]]`: model aliases and their fallback chains.
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+}
+
+/// `[deadline]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeadlinePolicy {
+    /// `total_ms`: the whole call's budget, every retry and failover
+    /// included (default 30,000).
+    pub total_ms: u64,
+}
+
+impl Default for DeadlinePolicy {
+    fn default() -> Self {
+        DeadlinePolicy { total_ms: 30_000 }
+    }
+}
+
+/// `[retry]`: `max_attempts` per link, each cut at `attempt_timeout_ms`,
+/// with an exponential backoff `min(base_ms · factor^n, max_ms)` and
+/// jitter between them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryPolicy {
+    /// `max_attempts`: attempts per link, 1 to 16 (default 3).
+    pub max_attempts: u8,
+    /// `attempt_timeout_ms`: one attempt's limit, and the first-token
+    /// timeout of streams (default 30,000).
+    pub attempt_timeout_ms: u64,
+    /// `base_ms`: the first backoff (default 200).
+    pub base_ms: u64,
+    /// `factor`: the backoff growth per retry, ≥ 1 (default 4).
+    pub factor: f64,
+    /// `max_ms`: the backoff cap (default 3,200).
+    pub max_ms: u64,
+    /// `jitter`: a fraction in `[0, 1]` (`0.2` is ±20 %), or `"equal"`,
+    /// `"full"`, `"none"` (default 0.2).
+    pub jitter: JitterSpec,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 3,
+            attempt_timeout_ms: 30_000,
+            base_ms: 200,
+            factor: 4.0,
+            max_ms: 3_200,
+            jitter: JitterSpec::Fraction(0.2),
+        }
+    }
+}
+
+/// The `jitter` key: a fraction or a named mode.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum JitterSpec {
+    /// ± this fraction of the delay.
+    Fraction(f64),
+    /// `"equal"` (`[e/2, e]`), `"full"` (`[0, e]`) or `"none"`.
+    Named(NamedJitter),
+}
+
+/// A named jitter mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NamedJitter {
+    /// Uniform in `[e/2, e]`.
+    Equal,
+    /// Uniform in `[0, e]`.
+    Full,
+    /// Exactly `e`.
+    None,
+}
+
+impl RetryPolicy {
+    /// The backoff schedule.
+    ///
+    /// # Errors
+    ///
+    /// As [`Policy::validate`] reports them.
+    pub fn backoff(&self) -> Result<Backoff, String> {
+        let jitter = match self.jitter {
+            JitterSpec::Fraction(fraction) => Jitter::Proportional { fraction },
+            JitterSpec::Named(NamedJitter::Equal) => Jitter::Equal,
+            JitterSpec::Named(NamedJitter::Full) => Jitter::Full,
+            JitterSpec::Named(NamedJitter::None) => Jitter::None,
+        };
+        Backoff::exponential(
+            Duration::from_millis(self.base_ms),
+            self.factor,
+            Duration::from_millis(self.max_ms),
+            jitter,
+        )
+        .map_err(|e| format!("retry backoff: {e}"))
+    }
+}
+
+/// `[breaker]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BreakerPolicy {
+    /// `failure_threshold`: tripping failures in a row that open a circuit
+    /// (default 5).
+    pub failure_threshold: u32,
+    /// `cooldown_ms`: how long an open circuit refuses calls before a probe
+    /// (default 30,000).
+    pub cooldown_ms: u64,
+    /// `half_open_probes`: successful probes that close it (default 1).
+    pub half_open_probes: u32,
+}
+
+impl Default for BreakerPolicy {
+    fn default() -> Self {
+        BreakerPolicy {
+            failure_threshold: 5,
+            cooldown_ms: 30_000,
+            half_open_probes: 1,
+        }
+    }
+}
+
+impl BreakerPolicy {
+    /// The breaker configuration.
+    pub fn config(&self) -> BreakerConfig {
+        BreakerConfig {
+            consecutive_failures: self.failure_threshold,
+            cooldown: Duration::from_millis(self.cooldown_ms),
+            half_open_probes: self.half_open_probes,
+            ..BreakerConfig::default()
+        }
+    }
+}
+
+/// `[stream]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StreamPolicy {
+    /// `first_token_timeout_ms` (default 30,000).
+    pub first_token_timeout_ms: u64,
+    /// `idle_timeout_ms`: the longest gap between chunks (default 30,000).
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for StreamPolicy {
+    fn default() -> Self {
+        StreamPolicy {
+            first_token_timeout_ms: 30_000,
+            idle_timeout_ms: 30_000,
+        }
+    }
+}
+
+impl StreamPolicy {
+    /// The streaming timeouts.
+    pub fn timeouts(&self) -> StreamTimeouts {
+        StreamTimeouts {
+            first_token: Duration::from_millis(self.first_token_timeout_ms),
+            idle: Duration::from_millis(self.idle_timeout_ms),
+        }
+    }
+}
+
+/// `[health]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthPolicy {
+    /// `probe_interval_ms`: how often each provider with a `health_url` is
+    /// probed; 0 (the default) turns probes off.
+    #[serde(default)]
+    pub probe_interval_ms: u64,
+}
+
+/// The kind of a provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// OpenAI Chat Completions (or any compatible server).
+    Openai,
+    /// Anthropic Messages.
+    Anthropic,
+    /// AWS Bedrock Converse.
+    Bedrock,
+}
+
+/// One `[[providers]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// `name`: how chains refer to it, and its metric and breaker label.
+    pub name: String,
+    /// `kind`: `openai`, `anthropic` or `bedrock`.
+    pub kind: ProviderKind,
+    /// `base_url`: the API root (OpenAI: `.../v1`; Anthropic: without
+    /// `/v1`; Bedrock: the runtime endpoint). Default: the official one.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// `api_key_env`: the environment variable holding the key (OpenAI,
+    /// Anthropic). Bedrock reads `AWS_ACCESS_KEY_ID`,
+    /// `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN`.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// `region`: Bedrock's region (default `us-east-1`).
+    #[serde(default)]
+    pub region: Option<String>,
+    /// `max_concurrency`: a bulkhead; calls beyond it are shed at once
+    /// and fail over (default: none).
+    #[serde(default)]
+    pub max_concurrency: Option<usize>,
+    /// `health_url`: a cheap `GET` for the background probe (see
+    /// `[health]`); optional.
+    #[serde(default)]
+    pub health_url: Option<String>,
+}
+
+/// One link of a chain: `{ provider = "a", model = "gpt-4o-mini" }`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkConfig {
+    /// `provider`: a provider's `name`.
+    pub provider: String,
+    /// `model`: the model id sent to that provider.
+    pub model: String,
+}
+
+/// One `[[routes]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// `model`: the alias clients ask for.
+    pub model: String,
+    /// `chain`: the links, primary first.
+    pub chain: Vec<LinkConfig>,
+}
+
+/// Why a policy was refused: every problem found, one per line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    problems: Vec<String>,
+}
+
+impl ConfigError {
+    fn new(problem: impl Into<String>) -> Self {
+        ConfigError {
+            problems: vec![problem.into()],
+        }
+    }
+
+    /// The problems, one message each.
+    pub fn problems(&self) -> &[String] {
+        &self.problems
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("invalid policy: ")?;
+        f.write_str(&self.problems.join("; "))
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Policy {
+    /// Reads and validates a TOML policy.
+    ///
+    /// # Errors
+    ///
+    /// A syntax error or an unknown key (with its line), or every problem
+    /// [`validate`](Self::validate) finds.
+    pub fn from_toml(text: &str) -> Result<Policy, ConfigError> {
+        let policy: Policy = toml::from_str(text).map_err(|e| ConfigError::new(e.to_string()))?;
+        policy.validate()?;
+        Ok(policy)
+    }
+
+    /// Reads and validates a JSON policy (the same shape).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_toml`](Self::from_toml).
+    pub fn from_json(text: &str) -> Result<Policy, ConfigError> {
+        let policy: Policy =
+            serde_json::from_str(text).map_err(|e| ConfigError::new(e.to_string()))?;
+        policy.validate()?;
+        Ok(policy)
+    }
+
+    /// Checks everything a policy promises: timeouts non-zero and in
+    /// order, attempts within the cap, a valid backoff, unique provider
+    /// and route names, chains that are non-empty, name known providers
+    /// and repeat no link.
+    ///
+    /// # Errors
+    ///
+    /// Every problem found, not just the first.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut p = Vec::new();
+        if self.deadline.total_ms == 0 {
+            p.push("deadline.total_ms must be above 0".to_owned());
+        }
+        let r = &self.retry;
+        if r.max_attempts == 0
+            || usize::from(r.max_attempts) > tower_llm_core::MAX_ATTEMPTS_PER_CALL
+        {
+            p.push(format!(
+                "retry.max_attempts must be 1 to {}, not {}",
+                tower_llm_core::MAX_ATTEMPTS_PER_CALL,
+                r.max_attempts
+            ));
+        }
+        if r.attempt_timeout_ms == 0 {
+            p.push("retry.attempt_timeout_ms must be above 0".to_owned());
+        } else if r.attempt_timeout_ms > self.deadline.total_ms && self.deadline.total_ms > 0 {
+            p.push(format!(
+                "retry.attempt_timeout_ms ({}) is longer than deadline.total_ms ({})",
+                r.attempt_timeout_ms, self.deadline.total_ms
+            ));
+        }
+        if r.base_ms > r.max_ms {
+            p.push(format!(
+                "retry.base_ms ({}) is above retry.max_ms ({})",
+                r.base_ms, r.max_ms
+            ));
+        } else if let Err(e) = r.backoff() {
+            p.push(e);
+        }
+        if self.breaker.failure_threshold == 0 {
+            p.push("breaker.failure_threshold must be above 0".to_owned());
+        }
+        if self.breaker.cooldown_ms == 0 {
+            p.push("breaker.cooldown_ms must be above 0".to_owned());
+        }
+        if self.breaker.half_open_probes == 0 {
+            p.push("breaker.half_open_probes must be above 0".to_owned());
+        }
+        if self.stream.first_token_timeout_ms == 0 || self.stream.idle_timeout_ms == 0 {
+            p.push("stream timeouts must be above 0".to_owned());
+        }
+        let mut names = HashSet::new();
+        for provider in &self.providers {
+            if provider.name.is_empty() {
+                p.push("a provider has an empty name".to_owned());
+            }
+            if !names.insert(provider.name.as_str()) {
+                p.push(format!("duplicate provider \"{}\"", provider.name));
+            }
+            if provider.max_concurrency == Some(0) {
+                p.push(format!(
+                    "provider \"{}\": max_concurrency must be above 0",
+                    provider.name
+                ));
+            }
+            if provider.kind != ProviderKind::Bedrock && provider.api_key_env.is_none() {
+                p.push(format!(
+                    "provider \"{}\": api_key_env is required for {:?}",
+                    provider.name, provider.kind
+                ));
+            }
+        }
+        let mut routes = HashSet::new();
+        for route in &self.routes {
+            if !routes.insert(route.model.as_str()) {
+                p.push(format!("duplicate route \"{}\"", route.model));
+            }
+            if route.chain.is_empty() {
+                p.push(format!("route \"{}\" has an empty chain", route.model));
+            }
+            let mut links = HashSet::new();
+            for link in &route.chain {
+                if !names.contains(link.provider.as_str()) {
+                    p.push(format!(
+                        "route \"{}\": unknown provider \"{}\"",
+                        route.model, link.provider
+                    ));
+                }
+                if !links.insert((link.provider.as_str(), link.model.as_str())) {
+                    p.push(format!(
+                        "route \"{}\": duplicate link {}/{}",
+                        route.model, link.provider, link.model
+                    ));
+                }
+            }
+        }
+        if p.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError { problems: p })
+        }
+    }
+
+    /// The route for the alias `model`.
+    pub fn route(&self, model: &str) -> Option<&RouteConfig> {
+        self.routes.iter().find(|r| r.model == model)
+    }
+
+    /// The provider named `name`.
+    pub fn provider(&self, name: &str) -> Option<&ProviderConfig> {
+        self.providers.iter().find(|p| p.name == name)
+    }
+
+    /// The deadline layer, recording its per-call metrics on `metrics`.
+    pub fn deadline_layer(&self, metrics: Metrics) -> DeadlineLayer {
+        DeadlineLayer::new(Duration::from_millis(self.deadline.total_ms)).with_metrics(metrics)
+    }
+
+    /// The per-link retry layer (chat classifier).
+    ///
+    /// # Errors
+    ///
+    /// An invalid backoff (never for a validated policy).
+    pub fn retry_layer(&self) -> Result<RetryLayer, ConfigError> {
+        let backoff = self.retry.backoff().map_err(ConfigError::new)?;
+        Ok(RetryLayer::new()
+            .with_max_attempts(self.retry.max_attempts)
+            .with_attempt_timeout(Duration::from_millis(self.retry.attempt_timeout_ms))
+            .with_backoff(backoff))
+    }
+
+    /// `breaker` with this policy's breaker settings (keep passing the same
+    /// layer, or one sharing its store, so circuits survive a reload).
+    ///
+    /// # Errors
+    ///
+    /// Settings the breaker refuses.
+    pub fn breaker_layer(&self, breaker: BreakerLayer) -> Result<BreakerLayer, ConfigError> {
+        breaker
+            .with_config(self.breaker.config())
+            .map_err(|e| ConfigError::new(e.to_string()))
+    }
+
+    /// The stack of `route`: deadline → fallback along its chain → per link
+    /// retry → breaker → the provider service `provider` gives for the
+    /// link's provider (called once per link; the model is rewritten to the
+    /// link's).
+    ///
+    /// Works for unary (`Res = ChatResponse`) and streaming
+    /// (`Res = ChatStream`) provider services alike.
+    ///
+    /// # Errors
+    ///
+    /// An unknown provider (never for a validated policy) or a chain the
+    /// fallback layer refuses.
+    pub fn build_route<Res>(
+        &self,
+        route: &RouteConfig,
+        breaker: &BreakerLayer,
+        metrics: Metrics,
+        mut provider: impl FnMut(&ProviderConfig) -> RouteService<Res>,
+    ) -> Result<RouteService<Res>, ConfigError>
+    where
+        Res: RecordsAttempts + Send + 'static,
+    {
+        let retry = self.retry_layer()?;
+        let breaker = self.breaker_layer(breaker.clone())?;
+        let mut links = Vec::with_capacity(route.chain.len());
+        for link in &route.chain {
+            let config = self.provider(&link.provider).ok_or_else(|| {
+                ConfigError::new(format!("unknown provider \"{}\"", link.provider))
+            })?;
+            let svc = ServiceBuilder::new()
+                .llm_retry(retry.clone())
+                .llm_breaker(breaker.clone())
+                .service(provider(config));
+            let spec = LinkSpec::new(link.provider.as_str(), link.model.as_str()).rewrite_model();
+            links.push((spec, BoxCloneSyncService::new(svc)));
+        }
+        let mut links = links.into_iter();
+        let Some((primary_spec, primary)) = links.next() else {
+            return Err(ConfigError::new(format!(
+                "route \"{}\" has an empty chain",
+                route.model
+            )));
+        };
+        let mut chain = FallbackLayer::builder(primary_spec);
+        for (spec, svc) in links {
+            chain = chain.or(spec, svc);
+        }
+        let fallback = chain
+            .build()
+            .map_err(|e| ConfigError::new(format!("route \"{}\": {e}", route.model)))?;
+        let svc = ServiceBuilder::new()
+            .layer(self.deadline_layer(metrics))
+            .llm_fallback(fallback)
+            .service(primary);
+        Ok(BoxCloneSyncService::new(svc))
+    }
+}
+
+/// A route's (or a provider's) service, boxed.
+pub type RouteService<Res> = BoxCloneSyncService<ChatRequest, Res, Failure>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+        [[providers]]
+        name = "a"
+        kind = "openai"
+        api_key_env = "A"
+
+        [[providers]]
+        name = "b"
+        kind = "bedrock"
+
+        [[routes]]
+        model = "smart"
+        chain = [{ provider = "a", model = "x" }, { provider = "b", model = "y" }]
+    "#;
+
+    fn problems(text: &str) -> Vec<String> {
+        Policy::from_toml(text).unwrap_err().problems().to_vec()
+    }
+
+    #[test]
+    fn a_good_policy_loads_with_defaults_and_round_trips_through_json() {
+        let p = Policy::from_toml(GOOD).expect("valid");
+        assert_eq!(p.deadline.total_ms, 30_000);
+        assert_eq!(p.retry.max_attempts, 3);
+        assert_eq!(p.retry.jitter, JitterSpec::Fraction(0.2));
+        let json = serde_json::to_string(&p).expect("json");
+        assert_eq!(Policy::from_json(&json).expect("valid"), p);
+        assert!(p.retry_layer().is_ok());
+        assert_eq!(p.breaker.config().consecutive_failures, 5);
+    }
+
+    #[test]
+    fn each_validation_error_is_named() {
+        let unknown = GOOD.replace("provider = \"b\"", "provider = \"c\"");
+        assert_eq!(
+            problems(&unknown),
+            ["route \"smart\": unknown provider \"c\""]
+        );
+        let dup = format!("{GOOD}\n[[providers]]\nname = \"a\"\nkind = \"bedrock\"\n");
+        assert_eq!(problems(&dup), ["duplicate provider \"a\""]);
+        let dup_route = format!(
+            "{GOOD}\n[[routes]]\nmodel = \"smart\"\nchain = [{{ provider = \"a\", model = \"z\" }}]\n"
+        );
+        assert_eq!(problems(&dup_route), ["duplicate route \"smart\""]);
+        let empty = format!("{GOOD}\n[[routes]]\nmodel = \"none\"\nchain = []\n");
+        assert_eq!(problems(&empty), ["route \"none\" has an empty chain"]);
+        let twice = GOOD.replace(
+            "provider = \"b\", model = \"y\"",
+            "provider = \"a\", model = \"x\"",
+        );
+        assert_eq!(problems(&twice), ["route \"smart\": duplicate link a/x"]);
+        let zero = format!("[deadline]\ntotal_ms = 0\n{GOOD}");
+        assert_eq!(problems(&zero), ["deadline.total_ms must be above 0"]);
+        let inverted = format!(
+            "[retry]\nmax_attempts = 3\nattempt_timeout_ms = 1000\nbase_ms = 500\nfactor = 2\nmax_ms = 100\njitter = \"full\"\n{GOOD}"
+        );
+        assert_eq!(
+            problems(&inverted),
+            ["retry.base_ms (500) is above retry.max_ms (100)"]
+        );
+        let long_attempt = format!(
+            "[deadline]\ntotal_ms = 1000\n[retry]\nmax_attempts = 3\nattempt_timeout_ms = 5000\nbase_ms = 1\nfactor = 2\nmax_ms = 10\njitter = 0.1\n{GOOD}"
+        );
+        assert_eq!(
+            problems(&long_attempt),
+            ["retry.attempt_timeout_ms (5000) is longer than deadline.total_ms (1000)"]
+        );
+        let too_many = format!(
+            "[retry]\nmax_attempts = 17\nattempt_timeout_ms = 1000\nbase_ms = 1\nfactor = 2\nmax_ms = 10\njitter = 0.1\n{GOOD}"
+        );
+        assert_eq!(
+            problems(&too_many),
+            ["retry.max_attempts must be 1 to 16, not 17"]
+        );
+        let no_key = GOOD.replace("api_key_env = \"A\"", "");
+        assert_eq!(
+            problems(&no_key),
+            ["provider \"a\": api_key_env is required for Openai"]
+        );
+        let breaker = format!(
+            "[breaker]\nfailure_threshold = 0\ncooldown_ms = 0\nhalf_open_probes = 1\n{GOOD}"
+        );
+        assert_eq!(
+            problems(&breaker),
+            [
+                "breaker.failure_threshold must be above 0",
+                "breaker.cooldown_ms must be above 0"
+            ]
+        );
+        let bulkhead = GOOD.replace(
+            "api_key_env = \"A\"",
+            "api_key_env = \"A\"\nmax_concurrency = 0",
+        );
+        assert_eq!(
+            problems(&bulkhead),
+            ["provider \"a\": max_concurrency must be above 0"]
+        );
+    }
+
+    #[test]
+    fn syntax_errors_unknown_keys_and_kinds_are_refused_with_their_place() {
+        let typo = GOOD.replace("api_key_env", "api_key_envv");
+        let err = Policy::from_toml(&typo).unwrap_err().to_string();
+        assert!(err.contains("api_key_envv"), "{err}");
+        let kind = GOOD.replace("kind = \"bedrock\"", "kind = \"gemini\"");
+        let err = Policy::from_toml(&kind).unwrap_err().to_string();
+        assert!(err.contains("gemini"), "{err}");
+        let err = Policy::from_toml("[[routes]\n").unwrap_err().to_string();
+        assert!(err.contains("line 1"), "{err}");
+        assert!(Policy::from_json("{\"routes\": 7}").is_err());
+    }
+
+    #[test]
+    fn jitter_names_and_fractions() {
+        for (text, jitter) in [
+            ("0.5", Jitter::Proportional { fraction: 0.5 }),
+            ("\"equal\"", Jitter::Equal),
+            ("\"full\"", Jitter::Full),
+            ("\"none\"", Jitter::None),
+        ] {
+            let t = format!(
+                "[retry]\nmax_attempts = 2\nattempt_timeout_ms = 100\nbase_ms = 1\nfactor = 2\nmax_ms = 10\njitter = {text}\n"
+            );
+            let p = Policy::from_toml(&t).expect("valid");
+            assert_eq!(p.retry.backoff().expect("backoff").jitter(), jitter);
+        }
+        let t = "[retry]\nmax_attempts = 2\nattempt_timeout_ms = 100\nbase_ms = 1\nfactor = 2\nmax_ms = 10\njitter = 1.5\n";
+        assert!(Policy::from_toml(t).is_err());
+    }
+}
