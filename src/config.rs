@@ -54,13 +54,22 @@ use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use tower::ServiceBuilder;
 use tower::util::BoxCloneSyncService;
 use tower_llm_breaker::{BreakerConfig, BreakerLayer};
-use tower_llm_core::{ChatRequest, Failure, Metrics, RecordsAttempts};
+
+use tower_llm_core::{
+    BoxError, ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics, Metrics,
+    RecordsAttempts,
+};
 use tower_llm_deadline::DeadlineLayer;
 use tower_llm_fallback::{FallbackLayer, LinkSpec};
 use tower_llm_providers::StreamTimeouts;
+use tower_llm_providers::{
+    Anthropic, AnthropicConfig, ApiKey, AwsCredentials, Bedrock, BedrockConfig, OpenAi,
+    OpenAiConfig, RequestBody,
+};
 use tower_llm_retry::{Backoff, Jitter, RetryLayer};
 
 use crate::ServiceBuilderExt;
@@ -334,7 +343,8 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(problem: impl Into<String>) -> Self {
+    /// An error with one problem.
+    pub fn new(problem: impl Into<String>) -> Self {
         ConfigError {
             problems: vec![problem.into()],
         }
@@ -583,6 +593,145 @@ impl Policy {
 
 /// A route's (or a provider's) service, boxed.
 pub type RouteService<Res> = BoxCloneSyncService<ChatRequest, Res, Failure>;
+
+/// A provider's services, built once per policy and shared by every route
+/// that names it.
+#[derive(Debug, Clone)]
+pub struct ProviderServices {
+    /// Unary chat.
+    pub chat: RouteService<ChatResponse>,
+    /// Streaming chat.
+    pub stream: RouteService<ChatStream>,
+}
+
+impl ProviderConfig {
+    /// The API key named by `api_key_env`, read from the environment
+    /// (`None` for Bedrock, whose credentials come from `AWS_*`).
+    ///
+    /// # Errors
+    ///
+    /// The variable is unset.
+    pub fn api_key_from_env(&self) -> Result<Option<ApiKey>, ConfigError> {
+        match &self.api_key_env {
+            Some(var) => ApiKey::from_env(var).map(Some).ok_or_else(|| {
+                ConfigError::new(format!(
+                    "provider \"{}\": environment variable {var} is not set",
+                    self.name
+                ))
+            }),
+            None => Ok(None),
+        }
+    }
+
+    /// The provider's unary and streaming services over `transport`,
+    /// behind its bulkhead if it has one: a call beyond `max_concurrency`
+    /// is shed at once with a circuit-open-class failure, which fails over
+    /// without counting against the breaker. (A stream holds its permit up
+    /// to its commit point.)
+    ///
+    /// # Errors
+    ///
+    /// A missing key, or Bedrock credentials missing from the environment.
+    pub fn services<T, B>(
+        &self,
+        key: Option<ApiKey>,
+        transport: T,
+        timeouts: StreamTimeouts,
+        genai: &GenAiMetrics,
+    ) -> Result<ProviderServices, ConfigError>
+    where
+        T: tower::Service<http::Request<RequestBody>, Response = http::Response<B>>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        T::Future: Send + 'static,
+        T::Error: Into<BoxError>,
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let missing_key = || ConfigError::new(format!("provider \"{}\": no API key", self.name));
+        let (chat, streaming): (RouteService<ChatResponse>, RouteService<ChatStream>) = match self
+            .kind
+        {
+            ProviderKind::Openai => {
+                let mut config = OpenAiConfig::new(key.ok_or_else(missing_key)?);
+                if let Some(url) = &self.base_url {
+                    config = config.with_base_url(url);
+                }
+                let p = OpenAi::new(transport, config).with_metrics(genai.clone());
+                (
+                    BoxCloneSyncService::new(p.clone()),
+                    BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
+                )
+            }
+            ProviderKind::Anthropic => {
+                let mut config = AnthropicConfig::new(key.ok_or_else(missing_key)?);
+                if let Some(url) = &self.base_url {
+                    config = config.with_base_url(url);
+                }
+                let p = Anthropic::new(transport, config).with_metrics(genai.clone());
+                (
+                    BoxCloneSyncService::new(p.clone()),
+                    BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
+                )
+            }
+            ProviderKind::Bedrock => {
+                let credentials = AwsCredentials::from_env().ok_or_else(|| {
+                    ConfigError::new(format!(
+                        "provider \"{}\": AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set",
+                        self.name
+                    ))
+                })?;
+                let region = self.region.as_deref().unwrap_or("us-east-1");
+                let mut config = BedrockConfig::new(credentials, region);
+                if let Some(url) = &self.base_url {
+                    config = config.with_endpoint(url);
+                }
+                let p = Bedrock::new(transport, config).with_metrics(genai.clone());
+                (
+                    BoxCloneSyncService::new(p.clone()),
+                    BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
+                )
+            }
+        };
+        Ok(match self.max_concurrency {
+            None => ProviderServices {
+                chat,
+                stream: streaming,
+            },
+            Some(limit) => {
+                let permits = Arc::new(tokio::sync::Semaphore::new(limit));
+                ProviderServices {
+                    chat: bulkhead(chat, &permits),
+                    stream: bulkhead(streaming, &permits),
+                }
+            }
+        })
+    }
+}
+
+/// `svc` behind a shared semaphore, shedding calls that find it full.
+fn bulkhead<Res: Send + 'static>(
+    svc: RouteService<Res>,
+    permits: &Arc<tokio::sync::Semaphore>,
+) -> RouteService<Res> {
+    let svc = ServiceBuilder::new()
+        .map_err(|e: BoxError| {
+            if e.is::<tower::load_shed::error::Overloaded>() {
+                Failure::new(FailureClass::CircuitOpen)
+                    .with_message("bulkhead full: the call was shed")
+            } else {
+                Failure::from_error(e)
+            }
+        })
+        .load_shed()
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::with_semaphore(
+            permits.clone(),
+        ))
+        .service(svc);
+    BoxCloneSyncService::new(svc)
+}
 
 #[cfg(test)]
 mod tests {

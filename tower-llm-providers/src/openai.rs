@@ -644,3 +644,372 @@ pub fn decode_embeddings(body: &[u8], latency: Duration) -> Result<EmbeddingResp
         attempts: Vec::new(),
     })
 }
+
+/// The server side of the OpenAI wire format, for gateways that speak it to
+/// their own clients: requests in, answers and stream chunks out.
+pub mod server {
+    use serde::Deserialize;
+    use serde_json::{Value, json};
+    use tower_llm_core::{
+        ChatChunk, ChatRequest, ChatResponse, ContentPart, Failure, FailureClass, FinishReason,
+        Message, Role, Tool, ToolCall, ToolChoice,
+    };
+
+    #[derive(Deserialize)]
+    struct WireRequest {
+        model: String,
+        messages: Vec<WireMessage>,
+        #[serde(default)]
+        tools: Vec<WireTool>,
+        #[serde(default)]
+        tool_choice: Option<Value>,
+        #[serde(default)]
+        temperature: Option<f32>,
+        #[serde(default)]
+        top_p: Option<f32>,
+        #[serde(default)]
+        max_tokens: Option<u32>,
+        #[serde(default)]
+        max_completion_tokens: Option<u32>,
+        #[serde(default)]
+        stop: Option<Value>,
+        #[serde(default)]
+        stream: bool,
+    }
+
+    #[derive(Deserialize)]
+    struct WireMessage {
+        role: String,
+        #[serde(default)]
+        content: Option<Value>,
+        #[serde(default)]
+        tool_calls: Vec<WireToolCall>,
+        #[serde(default)]
+        tool_call_id: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    struct WireToolCall {
+        id: String,
+        function: WireFunction,
+    }
+
+    #[derive(Deserialize)]
+    struct WireFunction {
+        name: String,
+        #[serde(default)]
+        arguments: String,
+    }
+
+    #[derive(Deserialize)]
+    struct WireTool {
+        function: WireToolDef,
+    }
+
+    #[derive(Deserialize)]
+    struct WireToolDef {
+        name: String,
+        #[serde(default)]
+        description: Option<String>,
+        #[serde(default)]
+        parameters: Value,
+    }
+
+    fn bad(message: impl Into<String>) -> Failure {
+        Failure::new(FailureClass::BadRequest)
+            .with_message(crate::transport::bounded(&message.into()))
+    }
+
+    /// Reads an OpenAI Chat Completions request body into a
+    /// [`ChatRequest`] (`model` as sent: a gateway treats it as a route
+    /// alias). `developer` messages are system messages;
+    /// `max_completion_tokens` is `max_tokens`.
+    ///
+    /// # Errors
+    ///
+    /// A bad-request failure naming what is wrong (malformed JSON, a
+    /// missing `model` or `messages`, an unknown role, a content part of
+    /// an unknown type).
+    ///
+    /// ```
+    /// use tower_llm_providers::openai::server::decode_request;
+    ///
+    /// let req = decode_request(br#"{"model": "smart", "stream": true,
+    ///     "messages": [{"role": "user", "content": "Hi"}]}"#).unwrap();
+    /// assert_eq!(req.model, "smart");
+    /// assert!(req.stream);
+    /// assert!(decode_request(b"{").unwrap_err().is_bad_request());
+    /// ```
+    pub fn decode_request(body: &[u8]) -> Result<ChatRequest, Failure> {
+        let wire: WireRequest =
+            serde_json::from_slice(body).map_err(|e| bad(format!("invalid request body: {e}")))?;
+        let mut messages = Vec::with_capacity(wire.messages.len());
+        for m in wire.messages {
+            let role = match m.role.as_str() {
+                "system" | "developer" => Role::System,
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                "tool" => Role::Tool,
+                other => return Err(bad(format!("unknown message role \"{other}\""))),
+            };
+            let content = match m.content {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::String(text)) => vec![ContentPart::Text { text }],
+                Some(Value::Array(parts)) => parts
+                    .into_iter()
+                    .map(|part| match part.get("type").and_then(Value::as_str) {
+                        Some("text") => Ok(ContentPart::Text {
+                            text: part
+                                .get("text")
+                                .and_then(Value::as_str)
+                                .unwrap_or_default()
+                                .to_owned(),
+                        }),
+                        Some("image_url") => Ok(ContentPart::ImageUrl {
+                            url: part
+                                .pointer("/image_url/url")
+                                .and_then(Value::as_str)
+                                .unwrap_or_default()
+                                .to_owned(),
+                        }),
+                        other => Err(bad(format!("unknown content part type {other:?}"))),
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(_) => return Err(bad("message content must be a string or an array")),
+            };
+            messages.push(Message {
+                role,
+                content,
+                tool_calls: m
+                    .tool_calls
+                    .into_iter()
+                    .map(|c| ToolCall {
+                        id: c.id,
+                        name: c.function.name,
+                        arguments: c.function.arguments,
+                    })
+                    .collect(),
+                tool_call_id: m.tool_call_id,
+            });
+        }
+        let tool_choice = match wire.tool_choice {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(match s.as_str() {
+                "auto" => ToolChoice::Auto,
+                "none" => ToolChoice::None,
+                "required" => ToolChoice::Required,
+                other => return Err(bad(format!("unknown tool_choice \"{other}\""))),
+            }),
+            Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
+                Some(name) => Some(ToolChoice::Tool(name.to_owned())),
+                None => return Err(bad("tool_choice object without function.name")),
+            },
+        };
+        let stop = match wire.stop {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::String(s)) => vec![s],
+            Some(Value::Array(v)) => v
+                .into_iter()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect(),
+            Some(_) => return Err(bad("stop must be a string or an array of strings")),
+        };
+        Ok(ChatRequest {
+            model: wire.model,
+            messages,
+            tools: wire
+                .tools
+                .into_iter()
+                .map(|t| Tool {
+                    name: t.function.name,
+                    description: t.function.description,
+                    parameters: t.function.parameters,
+                })
+                .collect(),
+            tool_choice,
+            temperature: wire.temperature,
+            top_p: wire.top_p,
+            max_tokens: wire.max_tokens.or(wire.max_completion_tokens),
+            stop,
+            stream: wire.stream,
+            ..ChatRequest::default()
+        })
+    }
+
+    /// The OpenAI `finish_reason` of a normalised one.
+    pub fn finish_reason(reason: FinishReason) -> &'static str {
+        match reason {
+            FinishReason::Stop | FinishReason::Other => "stop",
+            FinishReason::Length => "length",
+            FinishReason::ToolCalls => "tool_calls",
+            FinishReason::ContentFilter => "content_filter",
+        }
+    }
+
+    /// A `chat.completion` body for `res`, under the name `model` (the alias
+    /// the client asked for, or the model that served), created at
+    /// `created` (Unix seconds).
+    pub fn encode_response(res: &ChatResponse, model: &str, created: u64) -> Value {
+        let choices: Vec<Value> = res
+            .choices
+            .iter()
+            .map(|c| {
+                let mut message = json!({
+                    "role": "assistant",
+                    "content": if c.text.is_empty() && !c.tool_calls.is_empty() { Value::Null } else { json!(c.text) },
+                });
+                if !c.tool_calls.is_empty() {
+                    message["tool_calls"] = c
+                        .tool_calls
+                        .iter()
+                        .map(|t| {
+                            json!({"id": t.id, "type": "function",
+                                   "function": {"name": t.name, "arguments": t.arguments}})
+                        })
+                        .collect();
+                }
+                json!({"index": c.index, "message": message,
+                       "finish_reason": finish_reason(c.finish_reason)})
+            })
+            .collect();
+        json!({
+            "id": if res.id.is_empty() { "chatcmpl-tower-llm" } else { res.id.as_str() },
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": res.usage.prompt_tokens,
+                "completion_tokens": res.usage.completion_tokens,
+                "total_tokens": res.usage.total_tokens(),
+            },
+        })
+    }
+
+    /// A `chat.completion.chunk` body for `chunk` (a usage-only chunk has
+    /// no choices, as with `stream_options.include_usage`).
+    pub fn encode_chunk(chunk: &ChatChunk, id: &str, model: &str, created: u64) -> Value {
+        let mut out = json!({
+            "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+        });
+        let has_choice =
+            chunk.text.is_some() || chunk.tool_call.is_some() || chunk.finish_reason.is_some();
+        let mut choices = Vec::new();
+        if has_choice {
+            let mut delta = json!({});
+            if let Some(text) = &chunk.text {
+                delta["content"] = json!(text);
+            }
+            if let Some(t) = &chunk.tool_call {
+                let mut call = json!({"index": t.index, "function": {"arguments": t.arguments}});
+                if let Some(id) = &t.id {
+                    call["id"] = json!(id);
+                    call["type"] = json!("function");
+                }
+                if let Some(name) = &t.name {
+                    call["function"]["name"] = json!(name);
+                }
+                delta["tool_calls"] = json!([call]);
+            }
+            choices.push(json!({
+                "index": chunk.index,
+                "delta": delta,
+                "finish_reason": chunk.finish_reason.map(finish_reason),
+            }));
+        }
+        out["choices"] = Value::Array(choices);
+        if let Some(u) = chunk.usage {
+            out["usage"] = json!({
+                "prompt_tokens": u.prompt_tokens,
+                "completion_tokens": u.completion_tokens,
+                "total_tokens": u.total_tokens(),
+            });
+        }
+        out
+    }
+
+    /// An OpenAI error body: `{"error": {"message", "type", "code"}}`.
+    pub fn encode_error(message: &str, kind: &str, code: Option<&str>) -> Value {
+        json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn requests_decode_with_every_shape() {
+            let req = decode_request(
+                br#"{"model": "smart", "max_completion_tokens": 9, "stop": "END",
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+                "messages": [
+                  {"role": "developer", "content": "be brief"},
+                  {"role": "user", "content": [{"type": "text", "text": "look"},
+                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]},
+                  {"role": "assistant", "content": null, "tool_calls": [
+                     {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                  {"role": "tool", "tool_call_id": "c1", "content": "42"}]}"#,
+            )
+            .expect("valid");
+            assert_eq!(req.messages[0].role, Role::System);
+            assert_eq!(req.messages[1].content.len(), 2);
+            assert_eq!(req.messages[2].tool_calls[0].id, "c1");
+            assert_eq!(req.messages[3].tool_call_id.as_deref(), Some("c1"));
+            assert_eq!(req.max_tokens, Some(9));
+            assert_eq!(req.stop, ["END"]);
+            assert_eq!(req.tool_choice, Some(ToolChoice::Tool("f".into())));
+            for bad in [
+                &b"{"[..],
+                br#"{"messages": []}"#,
+                br#"{"model": "m", "messages": [{"role": "robot", "content": "x"}]}"#,
+                br#"{"model": "m", "messages": [{"role": "user", "content": 7}]}"#,
+                br#"{"model": "m", "messages": [], "tool_choice": "sometimes"}"#,
+            ] {
+                assert!(decode_request(bad).unwrap_err().is_bad_request());
+            }
+        }
+
+        #[test]
+        fn answers_and_chunks_encode_in_openai_shape() {
+            let res = crate::openai::decode(
+                br#"{"id": "x", "model": "m", "choices": [{"index": 0,
+                    "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 1}}"#,
+                std::time::Duration::ZERO,
+            )
+            .expect("decodes");
+            let body = encode_response(&res, "smart", 7);
+            assert_eq!(body["choices"][0]["message"]["content"], "hi");
+            assert_eq!(body["usage"]["total_tokens"], 4);
+            assert_eq!(body["model"], "smart");
+            let chunk = ChatChunk {
+                text: Some("He".into()),
+                ..ChatChunk::default()
+            };
+            let c = encode_chunk(&chunk, "id", "smart", 7);
+            assert_eq!(c["choices"][0]["delta"]["content"], "He");
+            let usage = ChatChunk {
+                usage: Some(tower_llm_core::Usage {
+                    prompt_tokens: 1,
+                    completion_tokens: 2,
+                    cached_input_tokens: 0,
+                }),
+                ..ChatChunk::default()
+            };
+            let c = encode_chunk(&usage, "id", "smart", 7);
+            assert_eq!(c["choices"], json!([]));
+            assert_eq!(c["usage"]["total_tokens"], 3);
+            // What we encode, our own client decodes.
+            let event = crate::stream::SseEvent {
+                event: None,
+                data: encode_chunk(&chunk, "id", "smart", 7).to_string(),
+            };
+            assert!(
+                crate::stream::openai_event(&event)
+                    .expect("decodes")
+                    .is_content()
+            );
+        }
+    }
+}

@@ -145,6 +145,13 @@ impl<P> Streaming<P> {
         self
     }
 
+    /// Sets both timeouts.
+    #[must_use]
+    pub fn with_timeouts(mut self, timeouts: StreamTimeouts) -> Self {
+        self.timeouts = timeouts;
+        self
+    }
+
     /// The timeouts.
     pub fn timeouts(&self) -> StreamTimeouts {
         self.timeouts

@@ -1,0 +1,252 @@
+//! An OpenAI-compatible LLM gateway on the tower-llm stack.
+//!
+//! ```text
+//! cargo run --release --example gateway                      # embedded default, no keys
+//! cargo run --release --example gateway -- --config gateway.toml --listen 127.0.0.1:8080
+//! ```
+//!
+//! Without `--config` it starts two in-process mock providers (a flaky
+//! OpenAI-format primary that answers 503 to every third call, and a
+//! healthy Anthropic-format backup) and routes the model `smart` to them.
+//!
+//! - `POST /v1/chat/completions` (OpenAI format; `model` is the route;
+//!   `stream: true` answers server-sent events), with `x-llm-provider`,
+//!   `x-llm-model-used` and `x-llm-attempts` headers.
+//! - `GET /metrics`, `GET /health`, `GET /health/circuits`,
+//!   `GET /health/providers`.
+//! - The config file is reloaded on SIGHUP and when it changes; an invalid
+//!   file is refused and the running policy stays.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use tower_llm::config::Policy;
+use tower_llm::providers::ApiKey;
+use tower_llm_providers::mock::{MockServer, Recorded, Reply};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+#[allow(dead_code)]
+mod app;
+
+use app::{Gateway, KeySource};
+
+struct Args {
+    config: Option<PathBuf>,
+    listen: Option<String>,
+}
+
+fn args() -> Result<Args, String> {
+    let mut args = Args {
+        config: None,
+        listen: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--config" => args.config = Some(it.next().ok_or("--config needs a path")?.into()),
+            "--listen" => args.listen = Some(it.next().ok_or("--listen needs host:port")?),
+            "-h" | "--help" => {
+                return Err("usage: gateway [--config PATH.toml] [--listen HOST:PORT]".into());
+            }
+            other => return Err(format!("unknown argument {other:?} (try --help)")),
+        }
+    }
+    Ok(args)
+}
+
+/// Every third call to the embedded primary fails with a 503.
+fn flaky_primary(req: &Recorded) -> Reply {
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    if CALLS.fetch_add(1, Ordering::Relaxed) % 3 == 2 {
+        return Reply::openai_error(503, "server_error", "the primary is overloaded");
+    }
+    if wants_stream(req) {
+        Reply::openai_stream(&["Hello", " from", " the", " primary"])
+    } else {
+        Reply::openai_text("Hello from the primary")
+    }
+}
+
+fn healthy_backup(req: &Recorded) -> Reply {
+    if wants_stream(req) {
+        Reply::anthropic_stream(&["Hello", " from", " the", " backup"])
+    } else {
+        Reply::anthropic_text("Hello from the backup")
+    }
+}
+
+fn wants_stream(req: &Recorded) -> bool {
+    serde_json::from_slice::<serde_json::Value>(&req.body)
+        .ok()
+        .and_then(|b| b.get("stream").and_then(serde_json::Value::as_bool))
+        .unwrap_or(false)
+}
+
+/// The embedded default: two mock providers and one route.
+async fn embedded() -> std::io::Result<(Policy, Vec<MockServer>)> {
+    let primary = MockServer::start(Reply::With(flaky_primary)).await?;
+    let backup = MockServer::start(Reply::With(healthy_backup)).await?;
+    let text = format!(
+        r#"
+        [deadline]
+        total_ms = 10000
+
+        [retry]
+        max_attempts = 2
+        attempt_timeout_ms = 5000
+        base_ms = 50
+        factor = 4
+        max_ms = 800
+        jitter = 0.2
+
+        [breaker]
+        failure_threshold = 5
+        cooldown_ms = 10000
+
+        [[providers]]
+        name = "primary"
+        kind = "openai"
+        base_url = "{}/v1"
+        api_key_env = "MOCK_KEY"
+
+        [[providers]]
+        name = "backup"
+        kind = "anthropic"
+        base_url = "{}"
+        api_key_env = "MOCK_KEY"
+
+        [[routes]]
+        model = "smart"
+        chain = [{{ provider = "primary", model = "gpt-4o-mini" }}, {{ provider = "backup", model = "claude-sonnet-4-5" }}]
+        "#,
+        primary.url(),
+        backup.url()
+    );
+    let policy = Policy::from_toml(&text)
+        .map_err(|e| std::io::Error::other(format!("embedded policy: {e}")))?;
+    Ok((policy, vec![primary, backup]))
+}
+
+#[tokio::main]
+async fn main() {
+    if let Err(e) = run().await {
+        eprintln!("gateway: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args = args()?;
+    // Logs to stderr; spans carry OpenTelemetry context so the inbound
+    // `traceparent` is continued to the providers.
+    let tracer = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(tracing_subscriber::filter::LevelFilter::INFO)
+        .with(tracing_opentelemetry::layer().with_tracer(tracer.tracer("gateway")))
+        .try_init()?;
+
+    let (policy, keys, _mocks): (Policy, KeySource, Vec<MockServer>) = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)?;
+            let keys: KeySource = Arc::new(|p| p.api_key_from_env());
+            (Policy::from_toml(&text)?, keys, Vec::new())
+        }
+        None => {
+            let (policy, mocks) = embedded().await?;
+            let keys: KeySource = Arc::new(|_| Ok(Some(ApiKey::new("mock"))));
+            (policy, keys, mocks)
+        }
+    };
+    let listen = args
+        .listen
+        .clone()
+        .or_else(|| policy.listen.clone())
+        .unwrap_or_else(|| "127.0.0.1:8080".to_owned());
+    let probe_every = policy.health.probe_interval_ms;
+    let transport =
+        tower_llm::providers::https::client_with_connect_timeout(Duration::from_secs(5));
+    let gateway = Gateway::new(policy, transport, keys)?;
+
+    if let Some(path) = args.config.clone() {
+        tokio::spawn(reload_on_change(gateway.clone(), path));
+    }
+    if probe_every > 0 {
+        let gw = gateway.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(probe_every));
+            loop {
+                every.tick().await;
+                gw.probe_once().await;
+            }
+        });
+    }
+
+    let listener = tokio::net::TcpListener::bind(&listen).await?;
+    let addr = listener.local_addr()?;
+    // No Nagle delays on accepted sockets (the upstream client sets its own).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    println!("tower-llm gateway listening on http://{addr}");
+    if args.config.is_none() {
+        println!(
+            "embedded default: route \"smart\" = mock primary (503 every third call) -> mock backup"
+        );
+    }
+    println!("try:");
+    println!(
+        "  curl -si http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"smart\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'"
+    );
+    println!("  curl -s http://{addr}/health/circuits    curl -s http://{addr}/metrics");
+    axum::serve(listener, gateway.router())
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}
+
+/// Reloads the policy on SIGHUP and when the file's modification time
+/// changes (checked every second). An invalid file is logged and ignored.
+async fn reload_on_change(gateway: Arc<Gateway>, path: PathBuf) {
+    let modified = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let mut seen = modified(&path);
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        #[cfg(unix)]
+        let signalled = async {
+            match hup.as_mut() {
+                Some(h) => h.recv().await.is_some(),
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let signalled = std::future::pending::<bool>();
+        let forced = tokio::select! {
+            _ = tick.tick() => false,
+            s = signalled => s,
+        };
+        let now = modified(&path);
+        if !forced && now == seen {
+            continue;
+        }
+        seen = now;
+        let result = std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| Policy::from_toml(&text).map_err(|e| e.to_string()))
+            .and_then(|policy| gateway.reload(policy).map_err(|e| e.to_string()));
+        match result {
+            Ok(()) => tracing::info!(path = %path.display(), "policy reloaded"),
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e, "reload refused; the running policy stays")
+            }
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! The gateway example's application, started in-process on loopback in
+//! front of `MockServer` providers, driven by a real HTTP client.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use opentelemetry::trace::TracerProvider as _;
+use tokio::time::Instant;
+use tower_llm::config::Policy;
+use tower_llm::providers::ApiKey;
+use tower_llm_providers::mock::{MockServer, Reply};
+use tracing_subscriber::layer::SubscriberExt;
+
+#[allow(dead_code, unreachable_pub)]
+#[path = "../examples/gateway/app.rs"]
+mod app;
+
+use app::{Gateway, KeySource};
+
+fn policy(primary: &MockServer, backup: &MockServer, extra: &str) -> Policy {
+    Policy::from_toml(&format!(
+        r#"
+        [deadline]
+        total_ms = 2000
+        [retry]
+        max_attempts = 3
+        attempt_timeout_ms = 2000
+        base_ms = 100
+        factor = 2
+        max_ms = 400
+        jitter = "none"
+        [breaker]
+        failure_threshold = 5
+        cooldown_ms = 30000
+        {extra}
+        [[providers]]
+        name = "primary"
+        kind = "openai"
+        base_url = "{}/v1"
+        api_key_env = "UNUSED"
+        [[providers]]
+        name = "backup"
+        kind = "anthropic"
+        base_url = "{}"
+        api_key_env = "UNUSED"
+        [[routes]]
+        model = "smart"
+        chain = [{{ provider = "primary", model = "gpt-4o-mini" }}, {{ provider = "backup", model = "claude-x" }}]
+        "#,
+        primary.url(),
+        backup.url()
+    ))
+    .expect("valid policy")
+}
+
+struct Harness {
+    gateway: Arc<Gateway>,
+    url: String,
+    primary: MockServer,
+    backup: MockServer,
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+}
+
+async fn start(primary: Reply, backup: Reply, extra: &str) -> Harness {
+    let primary = MockServer::start(primary).await.expect("primary");
+    let backup = MockServer::start(backup).await.expect("backup");
+    let keys: KeySource = Arc::new(|_| Ok(Some(ApiKey::new("sk-test-key"))));
+    let transport =
+        tower_llm::providers::https::client_with_connect_timeout(Duration::from_secs(5));
+    let gateway = Gateway::new(policy(&primary, &backup, extra), transport, keys).expect("gateway");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let router = gateway.clone().router();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    Harness {
+        gateway,
+        url,
+        primary,
+        backup,
+        client: Client::builder(TokioExecutor::new()).build_http(),
+    }
+}
+
+struct Answer {
+    status: u16,
+    headers: http::HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).expect("a JSON body")
+    }
+}
+
+impl Harness {
+    async fn send(&self, method: &str, path: &str, body: &str, headers: &[(&str, &str)]) -> Answer {
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.url))
+            .header("content-type", "application/json");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .expect("request");
+        let res = self.client.request(req).await.expect("an answer");
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await.expect("body").to_bytes();
+        Answer {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+    }
+
+    async fn chat(&self, body: &str) -> Answer {
+        self.send("POST", "/v1/chat/completions", body, &[]).await
+    }
+}
+
+const HELLO: &str = r#"{"model": "smart", "messages": [{"role": "user", "content": "Hello"}]}"#;
+const HELLO_STREAM: &str =
+    r#"{"model": "smart", "stream": true, "messages": [{"role": "user", "content": "Hello"}]}"#;
+
+fn down() -> Reply {
+    Reply::openai_error(503, "server_error", "overloaded")
+}
+
+#[tokio::test(start_paused = true)]
+async fn happy_path_names_the_provider_model_and_attempts() {
+    let h = start(
+        Reply::openai_text("hi there"),
+        Reply::anthropic_text("backup"),
+        "",
+    )
+    .await;
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.json()["choices"][0]["message"]["content"], "hi there");
+    assert_eq!(a.json()["object"], "chat.completion");
+    assert_eq!(a.header("x-llm-provider"), "primary");
+    assert_eq!(a.header("x-llm-model-used"), "mock-model");
+    assert_eq!(a.header("x-llm-attempts"), "1");
+    assert_eq!(a.header("x-request-id"), "req-0");
+    // The route's model was sent upstream, with our key.
+    let sent = &h.primary.received()[0];
+    let body: serde_json::Value = serde_json::from_slice(&sent.body).expect("json");
+    assert_eq!(body["model"], "gpt-4o-mini");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_503_then_200_is_retried_on_the_primary() {
+    let h = start(
+        Reply::openai_text("second try"),
+        Reply::anthropic_text("backup"),
+        "",
+    )
+    .await;
+    h.primary.push(down());
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.header("x-llm-provider"), "primary");
+    assert_eq!(a.header("x-llm-attempts"), "2");
+    assert_eq!(h.primary.received().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn three_503s_fail_over_and_the_headers_name_the_backup() {
+    let h = start(down(), Reply::anthropic_text("from backup"), "").await;
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.json()["choices"][0]["message"]["content"], "from backup");
+    assert_eq!(a.header("x-llm-provider"), "backup");
+    assert_eq!(a.header("x-llm-attempts"), "4");
+    assert_eq!(h.primary.received().len(), 3);
+    assert_eq!(h.backup.received().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_400_is_not_failed_over_and_keeps_the_providers_message() {
+    let h = start(
+        Reply::openai_error(
+            400,
+            "invalid_request_error",
+            "messages[0] is missing content",
+        ),
+        Reply::anthropic_text("backup"),
+        "",
+    )
+    .await;
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 400);
+    assert_eq!(
+        a.json()["error"]["message"],
+        "messages[0] is missing content"
+    );
+    assert_eq!(h.primary.received().len(), 1);
+    assert_eq!(h.backup.received().len(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_answers_504_within_its_budget() {
+    let h = start(Reply::Hang, Reply::Hang, "").await;
+    let start = Instant::now();
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 504, "{}", a.body);
+    assert!(
+        start.elapsed() <= Duration::from_millis(2050),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(a.json()["error"]["code"], "deadline_exceeded");
+}
+
+#[tokio::test(start_paused = true)]
+async fn upstream_auth_and_unknown_routes_and_bad_bodies() {
+    let h = start(
+        Reply::openai_error(401, "invalid_request_error", "Incorrect API key"),
+        Reply::anthropic_text("backup"),
+        "",
+    )
+    .await;
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 502, "{}", a.body);
+    assert!(!a.body.contains("sk-test-key"));
+    let a = h.chat(r#"{"model": "nope", "messages": []}"#).await;
+    assert_eq!(a.status, 404);
+    assert_eq!(a.json()["error"]["code"], "model_not_found");
+    let a = h.chat("{not json").await;
+    assert_eq!(a.status, 400);
+    let huge = format!(
+        r#"{{"model": "smart", "messages": [{{"role": "user", "content": "{}"}}]}}"#,
+        "x".repeat(app::MAX_REQUEST_BODY)
+    );
+    let a = h.chat(&huge).await;
+    assert_eq!(a.status, 413);
+    assert_eq!(h.send("GET", "/health", "", &[]).await.status, 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn all_links_down_is_503_and_the_circuit_opens_so_the_primary_rests() {
+    let h = start(down(), down(), "").await;
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 503, "{}", a.body);
+    // 3 + 3 attempts; the next call opens the primary's circuit (5 in a row).
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 503);
+    let before = h.primary.received().len();
+    assert_eq!(before, 5);
+    for _ in 0..3 {
+        let a = h.chat(HELLO).await;
+        assert_eq!(a.status, 503);
+        assert!(a.headers.get("retry-after").is_some(), "{:?}", a.headers);
+    }
+    assert_eq!(
+        h.primary.received().len(),
+        before,
+        "the open circuit sheds the primary"
+    );
+    let circuits = h.send("GET", "/health/circuits", "", &[]).await.json();
+    let primary = circuits
+        .as_array()
+        .expect("array")
+        .iter()
+        .find(|c| c["provider"] == "primary")
+        .expect("the primary's circuit")
+        .clone();
+    assert_eq!(primary["state"], "open");
+    let metrics = h.send("GET", "/metrics", "", &[]).await.body;
+    assert!(metrics.contains("ai_router_calls_total{"));
+    assert!(metrics.contains("llm_circuit_state{"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn streams_go_through_the_gateway_and_fail_over_before_the_first_token() {
+    let h = start(down(), Reply::anthropic_stream(&["Hel", "lo"]), "").await;
+    let a = h.chat(HELLO_STREAM).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("content-type"), "text/event-stream");
+    assert_eq!(a.header("x-llm-provider"), "backup");
+    let mut text = String::new();
+    for line in a.body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if line == "[DONE]" {
+            break;
+        }
+        let chunk: serde_json::Value = serde_json::from_str(line).expect("chunk json");
+        if let Some(t) = chunk["choices"][0]["delta"]["content"].as_str() {
+            text.push_str(t);
+        }
+    }
+    assert_eq!(text, "Hello");
+    assert!(a.body.ends_with("data: [DONE]\n\n"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reload_swaps_the_chain_without_dropping_a_call_in_flight() {
+    let h = start(
+        Reply::openai_text("old policy").after(Duration::from_millis(1500)),
+        Reply::anthropic_text("new policy"),
+        "",
+    )
+    .await;
+    let h = Arc::new(h);
+    let in_flight = {
+        let h = h.clone();
+        tokio::spawn(async move { h.chat(HELLO).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h.primary.received().len(), 1);
+    // The new policy routes `smart` to the backup only.
+    let mut new = h.gateway.policy();
+    new.routes[0].chain.remove(0);
+    h.gateway.reload(new).expect("valid");
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.header("x-llm-provider"), "backup");
+    let old = in_flight.await.expect("task");
+    assert_eq!(old.status, 200);
+    assert_eq!(old.json()["choices"][0]["message"]["content"], "old policy");
+    // An invalid policy is refused; the running one stays.
+    let mut bad = h.gateway.policy();
+    bad.routes[0].chain.clear();
+    assert!(h.gateway.reload(bad).is_err());
+    assert_eq!(h.chat(HELLO).await.header("x-llm-provider"), "backup");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_inbound_traceparent_is_continued_upstream() {
+    let tracer = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+    let _guard = tracing::subscriber::set_default(
+        tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(tracer.tracer("test"))),
+    );
+    let h = start(Reply::openai_text("hi"), Reply::anthropic_text("b"), "").await;
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let a = h
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            HELLO,
+            &[("traceparent", &format!("00-{trace_id}-b7ad6b7169203331-01"))],
+        )
+        .await;
+    assert_eq!(a.status, 200);
+    let sent = h.primary.received()[0]
+        .headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .expect("traceparent upstream")
+        .to_owned();
+    assert!(sent.starts_with(&format!("00-{trace_id}-")), "{sent}");
+    assert!(!sent.contains("b7ad6b7169203331"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bulkhead_sheds_into_the_next_link() {
+    let h = start(
+        Reply::openai_text("slow primary").after(Duration::from_millis(500)),
+        Reply::anthropic_text("backup"),
+        "",
+    )
+    .await;
+    // One call at a time on the primary.
+    let mut p = h.gateway.policy();
+    p.providers[0].max_concurrency = Some(1);
+    h.gateway.reload(p).expect("valid");
+    let h = Arc::new(h);
+    let first = {
+        let h = h.clone();
+        tokio::spawn(async move { h.chat(HELLO).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = h.chat(HELLO).await;
+    assert_eq!(second.status, 200);
+    assert_eq!(second.header("x-llm-provider"), "backup");
+    assert_eq!(
+        first.await.expect("task").header("x-llm-provider"),
+        "primary"
+    );
+    assert_eq!(h.primary.received().len(), 1);
+}
