@@ -651,50 +651,49 @@ impl ProviderConfig {
         B::Error: Into<BoxError>,
     {
         let missing_key = || ConfigError::new(format!("provider \"{}\": no API key", self.name));
-        let (chat, streaming): (RouteService<ChatResponse>, RouteService<ChatStream>) = match self
-            .kind
-        {
-            ProviderKind::Openai => {
-                let mut config = OpenAiConfig::new(key.ok_or_else(missing_key)?);
-                if let Some(url) = &self.base_url {
-                    config = config.with_base_url(url);
+        let (chat, streaming): (RouteService<ChatResponse>, RouteService<ChatStream>) =
+            match self.kind {
+                ProviderKind::Openai => {
+                    let mut config = OpenAiConfig::new(key.ok_or_else(missing_key)?);
+                    if let Some(url) = &self.base_url {
+                        config = config.with_base_url(url);
+                    }
+                    let p = OpenAi::new(transport, config).with_metrics(genai.clone());
+                    (
+                        BoxCloneSyncService::new(p.clone()),
+                        BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
+                    )
                 }
-                let p = OpenAi::new(transport, config).with_metrics(genai.clone());
-                (
-                    BoxCloneSyncService::new(p.clone()),
-                    BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
-                )
-            }
-            ProviderKind::Anthropic => {
-                let mut config = AnthropicConfig::new(key.ok_or_else(missing_key)?);
-                if let Some(url) = &self.base_url {
-                    config = config.with_base_url(url);
+                ProviderKind::Anthropic => {
+                    let mut config = AnthropicConfig::new(key.ok_or_else(missing_key)?);
+                    if let Some(url) = &self.base_url {
+                        config = config.with_base_url(url);
+                    }
+                    let p = Anthropic::new(transport, config).with_metrics(genai.clone());
+                    (
+                        BoxCloneSyncService::new(p.clone()),
+                        BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
+                    )
                 }
-                let p = Anthropic::new(transport, config).with_metrics(genai.clone());
-                (
-                    BoxCloneSyncService::new(p.clone()),
-                    BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
-                )
-            }
-            ProviderKind::Bedrock => {
-                let credentials = AwsCredentials::from_env().ok_or_else(|| {
+                ProviderKind::Bedrock => {
+                    let credentials = AwsCredentials::from_env().ok_or_else(|| {
                     ConfigError::new(format!(
                         "provider \"{}\": AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set",
                         self.name
                     ))
                 })?;
-                let region = self.region.as_deref().unwrap_or("us-east-1");
-                let mut config = BedrockConfig::new(credentials, region);
-                if let Some(url) = &self.base_url {
-                    config = config.with_endpoint(url);
+                    let region = self.region.as_deref().unwrap_or("us-east-1");
+                    let mut config = BedrockConfig::new(credentials, region);
+                    if let Some(url) = &self.base_url {
+                        config = config.with_endpoint(url);
+                    }
+                    let p = Bedrock::new(transport, config).with_metrics(genai.clone());
+                    (
+                        BoxCloneSyncService::new(p.clone()),
+                        BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
+                    )
                 }
-                let p = Bedrock::new(transport, config).with_metrics(genai.clone());
-                (
-                    BoxCloneSyncService::new(p.clone()),
-                    BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
-                )
-            }
-        };
+            };
         Ok(match self.max_concurrency {
             None => ProviderServices {
                 chat,
