@@ -63,6 +63,14 @@
 //! with one terminal `Err` item, and the breaker does not see it. See
 //! [`providers::streaming`].
 //!
+//! # Policy as data
+//!
+//! [`config::Policy`] holds every layer's settings, the providers and the
+//! routes; it loads from TOML or JSON, is validated at load (every problem
+//! reported), and [`Policy::build_route`](config::Policy::build_route)
+//! turns it into the stack. The gateway example serves it and reloads it
+//! without a restart.
+//!
 //! # Telemetry
 //!
 //! OpenTelemetry metrics through the `opentelemetry` API only (the host

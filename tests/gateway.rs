@@ -22,7 +22,13 @@ mod app;
 use app::{Gateway, KeySource};
 
 fn policy(primary: &MockServer, backup: &MockServer, extra: &str) -> Policy {
-    Policy::from_toml(&format!(
+    Policy::from_toml(&policy_text(primary, backup, extra, FULL_CHAIN)).expect("valid policy")
+}
+
+const FULL_CHAIN: &str = r#"[{ provider = "primary", model = "gpt-4o-mini" }, { provider = "backup", model = "claude-x" }]"#;
+
+fn policy_text(primary: &MockServer, backup: &MockServer, extra: &str, chain: &str) -> String {
+    format!(
         r#"
         [deadline]
         total_ms = 2000
@@ -49,12 +55,11 @@ fn policy(primary: &MockServer, backup: &MockServer, extra: &str) -> Policy {
         api_key_env = "UNUSED"
         [[routes]]
         model = "smart"
-        chain = [{{ provider = "primary", model = "gpt-4o-mini" }}, {{ provider = "backup", model = "claude-x" }}]
+        chain = {chain}
         "#,
         primary.url(),
         backup.url()
-    ))
-    .expect("valid policy")
+    )
 }
 
 struct Harness {
@@ -394,4 +399,50 @@ async fn a_bulkhead_sheds_into_the_next_link() {
         "primary"
     );
     assert_eq!(h.primary.received().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_changed_config_file_is_reloaded_and_a_broken_one_refused() {
+    let h = start(
+        Reply::openai_text("primary"),
+        Reply::anthropic_text("backup"),
+        "",
+    )
+    .await;
+    let path = std::env::temp_dir().join(format!("tower-llm-gateway-{}.toml", std::process::id()));
+    std::fs::write(&path, policy_text(&h.primary, &h.backup, "", FULL_CHAIN)).expect("write");
+    tokio::spawn(app::reload_on_change(h.gateway.clone(), path.clone()));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(h.chat(HELLO).await.header("x-llm-provider"), "primary");
+
+    let backup_only = r#"[{ provider = "backup", model = "claude-x" }]"#;
+    std::fs::write(&path, policy_text(&h.primary, &h.backup, "", backup_only)).expect("write");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(h.chat(HELLO).await.header("x-llm-provider"), "backup");
+
+    // A broken file: refused, the running policy stays.
+    std::fs::write(&path, "[[routes]]\nmodel = ").expect("write");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(h.chat(HELLO).await.header("x-llm-provider"), "backup");
+    assert_eq!(h.gateway.policy().routes[0].chain.len(), 1);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test(start_paused = true)]
+async fn background_probes_report_each_provider() {
+    let h = start(Reply::json(200, "{}"), Reply::json(503, "{}"), "").await;
+    let mut p = h.gateway.policy();
+    p.providers[0].health_url = Some(format!("{}/v1/models", h.primary.url()));
+    p.providers[1].health_url = Some(format!("{}/v1/models", h.backup.url()));
+    h.gateway.reload(p).expect("valid");
+    h.gateway.probe_once().await;
+    let probes = h.send("GET", "/health/providers", "", &[]).await.json();
+    assert_eq!(probes["primary"]["ok"], true);
+    assert_eq!(probes["backup"]["ok"], false);
+    assert_eq!(probes["backup"]["status"], 503);
+    // `/health` itself does no I/O and stays cheap.
+    assert_eq!(
+        h.send("GET", "/health", "", &[]).await.json()["status"],
+        "ok"
+    );
 }

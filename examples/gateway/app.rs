@@ -528,3 +528,43 @@ async fn providers(State(gw): State<Arc<Gateway>>) -> Response {
         .clone();
     axum::Json(probes).into_response()
 }
+
+/// Reloads the policy on SIGHUP and when the file's modification time
+/// changes (checked every second). An invalid file is logged and ignored.
+pub(crate) async fn reload_on_change(gateway: Arc<Gateway>, path: std::path::PathBuf) {
+    let modified = |p: &std::path::PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let mut seen = modified(&path);
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        #[cfg(unix)]
+        let signalled = async {
+            match hup.as_mut() {
+                Some(h) => h.recv().await.is_some(),
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let signalled = std::future::pending::<bool>();
+        let forced = tokio::select! {
+            _ = tick.tick() => false,
+            s = signalled => s,
+        };
+        let now = modified(&path);
+        if !forced && now == seen {
+            continue;
+        }
+        seen = now;
+        let result = std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| Policy::from_toml(&text).map_err(|e| e.to_string()))
+            .and_then(|policy| gateway.reload(policy).map_err(|e| e.to_string()));
+        match result {
+            Ok(()) => tracing::info!(path = %path.display(), "policy reloaded"),
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e, "reload refused; the running policy stays")
+            }
+        }
+    }
+}
