@@ -381,6 +381,8 @@ struct Script {
     replies: VecDeque<Reply>,
     fallback: Reply,
     received: Vec<Recorded>,
+    /// Keep only the last request (for load tests: bounded memory).
+    keep_last_only: bool,
     aborted: Arc<AtomicUsize>,
 }
 
@@ -431,6 +433,7 @@ impl ScriptedTransport {
                 replies: VecDeque::new(),
                 fallback,
                 received: Vec::new(),
+                keep_last_only: false,
                 aborted: Arc::new(AtomicUsize::new(0)),
             })),
         }
@@ -657,6 +660,9 @@ impl Service<http::Request<RequestBody>> for ScriptedTransport {
                 .unwrap_or_default();
             let (reply, aborted) = {
                 let mut s = lock(&script);
+                if s.keep_last_only {
+                    s.received.clear();
+                }
                 s.received.push(Recorded {
                     method: parts.method,
                     path: parts
@@ -709,7 +715,22 @@ impl MockServer {
     ///
     /// When no loopback port can be bound.
     pub async fn start(fallback: Reply) -> std::io::Result<MockServer> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        MockServer::start_on(listener, fallback).await
+    }
+
+    /// As [`start`](Self::start), on a listener of your own (a fixed port;
+    /// it must be non-blocking).
+    ///
+    /// # Errors
+    ///
+    /// When the listener cannot be registered with tokio.
+    pub async fn start_on(
+        listener: std::net::TcpListener,
+        fallback: Reply,
+    ) -> std::io::Result<MockServer> {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
         let addr = listener.local_addr()?;
         let transport = ScriptedTransport::new(fallback);
         let script = transport.script.clone();
@@ -748,6 +769,12 @@ impl MockServer {
     /// Every request received so far.
     pub fn received(&self) -> Vec<Recorded> {
         lock(&self.script).received.clone()
+    }
+
+    /// Keeps only the last request received, so memory stays bounded under
+    /// a load test (`received()` then returns at most one request).
+    pub fn keep_last_request_only(&self) {
+        lock(&self.script).keep_last_only = true;
     }
 
     /// How many connections were accepted (keep-alive reuse shows as fewer
