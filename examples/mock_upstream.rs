@@ -38,7 +38,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             servers.push(MockServer::start_on(bind(addr)?, Reply::openai_text("hello")).await?);
         }
         Some("rate-limited") => {
-            let (a, b) = (args.get(1).ok_or("ADDR ADDR")?, args.get(2).ok_or("ADDR ADDR")?);
+            let (a, b) = (
+                args.get(1).ok_or("ADDR ADDR")?,
+                args.get(2).ok_or("ADDR ADDR")?,
+            );
             servers.push(MockServer::start_on(bind(a)?, Reply::With(rate_limited)).await?);
             servers.push(MockServer::start_on(bind(b)?, Reply::anthropic_text("fallback")).await?);
         }

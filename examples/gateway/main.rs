@@ -26,6 +26,7 @@ use opentelemetry::trace::TracerProvider as _;
 use tower_llm::config::Policy;
 use tower_llm::providers::ApiKey;
 use tower_llm_providers::mock::{MockServer, Recorded, Reply};
+use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -141,13 +142,31 @@ async fn main() {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = args()?;
-    // Logs to stderr; spans carry OpenTelemetry context so the inbound
-    // `traceparent` is continued to the providers.
-    let tracer = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+    // Logs to stderr: the gateway's own events at info, everything else
+    // (per-request spans included) only from warn, so the log layer costs
+    // nothing per request. Spans carry OpenTelemetry context so an inbound
+    // `traceparent` is continued to the providers; calls that arrive
+    // without one are not sampled (add an exporter and a sampler of your
+    // choice in a real deployment).
+    let tracer = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_sampler(opentelemetry_sdk::trace::Sampler::ParentBased(Box::new(
+            opentelemetry_sdk::trace::Sampler::AlwaysOff,
+        )))
+        .build();
+    let logs = tracing_subscriber::filter::Targets::new()
+        .with_default(tracing::Level::WARN)
+        .with_target("gateway", tracing::Level::INFO);
     tracing_subscriber::registry()
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-        .with(tracing_subscriber::filter::LevelFilter::INFO)
-        .with(tracing_opentelemetry::layer().with_tracer(tracer.tracer("gateway")))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(logs),
+        )
+        .with(
+            tracing_opentelemetry::layer()
+                .with_tracer(tracer.tracer("gateway"))
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+        )
         .try_init()?;
 
     let (policy, keys, _mocks): (Policy, KeySource, Vec<MockServer>) = match &args.config {
