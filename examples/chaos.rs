@@ -50,11 +50,12 @@ fn primary(_req: &Recorded) -> Reply {
     match n {
         // Down from 4 s to 7 s into the run, then back.
         _ if down => Reply::openai_error(503, "server_error", "down"),
+        // Before the bursts: both numbers are multiples of 50.
+        300 | 2_200 => Reply::openai_error(429, "rate_limit_error", "slow down")
+            .with_header("retry-after", "1"),
         _ if n % 97 == 0 => Reply::Hang,
         _ if n % 89 == 0 => Reply::Reset,
         _ if n % 50 < 4 => Reply::openai_error(503, "server_error", "burst"),
-        300 | 2_200 => Reply::openai_error(429, "rate_limit_error", "slow down")
-            .with_header("retry-after", "1"),
         _ => ok(),
     }
 }

@@ -314,6 +314,11 @@ pub struct ProviderConfig {
     /// `[health]`); optional.
     #[serde(default)]
     pub health_url: Option<String>,
+    /// `max_completion_tokens`: send the token limit as
+    /// `max_completion_tokens`, as OpenAI's o-series and gpt-5 models
+    /// require (OpenAI only; default false).
+    #[serde(default)]
+    pub max_completion_tokens: bool,
 }
 
 /// One link of a chain: `{ provider = "a", model = "gpt-4o-mini" }`.
@@ -455,6 +460,19 @@ impl Policy {
                     provider.name
                 ));
             }
+            for (key, url) in [
+                ("base_url", &provider.base_url),
+                ("health_url", &provider.health_url),
+            ] {
+                if let Some(url) = url {
+                    if !is_http_url(url) {
+                        p.push(format!(
+                            "provider \"{}\": {key} {url:?} is not an http(s) URL",
+                            provider.name
+                        ));
+                    }
+                }
+            }
             if provider.kind != ProviderKind::Bedrock && provider.api_key_env.is_none() {
                 p.push(format!(
                     "provider \"{}\": api_key_env is required for {:?}",
@@ -591,6 +609,12 @@ impl Policy {
     }
 }
 
+/// `true` for an absolute `http://` or `https://` URL that `http` accepts.
+fn is_http_url(url: &str) -> bool {
+    url.parse::<http::Uri>()
+        .is_ok_and(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some())
+}
+
 /// A route's (or a provider's) service, boxed.
 pub type RouteService<Res> = BoxCloneSyncService<ChatRequest, Res, Failure>;
 
@@ -623,11 +647,19 @@ impl ProviderConfig {
         }
     }
 
+    /// A fresh bulkhead for this provider's `max_concurrency`, if it has one.
+    /// Keep it across reloads (pass it to [`services`](Self::services)
+    /// again) so calls in flight keep counting against the same limit.
+    pub fn bulkhead(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+        self.max_concurrency
+            .map(|n| Arc::new(tokio::sync::Semaphore::new(n)))
+    }
+
     /// The provider's unary and streaming services over `transport`,
-    /// behind its bulkhead if it has one: a call beyond `max_concurrency`
-    /// is shed at once with a circuit-open-class failure, which fails over
-    /// without counting against the breaker. (A stream holds its permit up
-    /// to its commit point.)
+    /// behind `bulkhead` if given (see [`bulkhead`](Self::bulkhead)): a
+    /// call that finds it full is shed at once with a circuit-open-class
+    /// failure, which fails over without counting against the breaker. (A
+    /// stream holds its permit up to its commit point.)
     ///
     /// # Errors
     ///
@@ -638,6 +670,7 @@ impl ProviderConfig {
         transport: T,
         timeouts: StreamTimeouts,
         genai: &GenAiMetrics,
+        bulkhead: Option<Arc<tokio::sync::Semaphore>>,
     ) -> Result<ProviderServices, ConfigError>
     where
         T: tower::Service<http::Request<RequestBody>, Response = http::Response<B>>
@@ -654,7 +687,8 @@ impl ProviderConfig {
         let (chat, streaming): (RouteService<ChatResponse>, RouteService<ChatStream>) =
             match self.kind {
                 ProviderKind::Openai => {
-                    let mut config = OpenAiConfig::new(key.ok_or_else(missing_key)?);
+                    let mut config = OpenAiConfig::new(key.ok_or_else(missing_key)?)
+                        .with_max_completion_tokens(self.max_completion_tokens);
                     if let Some(url) = &self.base_url {
                         config = config.with_base_url(url);
                     }
@@ -694,24 +728,21 @@ impl ProviderConfig {
                     )
                 }
             };
-        Ok(match self.max_concurrency {
+        Ok(match bulkhead {
             None => ProviderServices {
                 chat,
                 stream: streaming,
             },
-            Some(limit) => {
-                let permits = Arc::new(tokio::sync::Semaphore::new(limit));
-                ProviderServices {
-                    chat: bulkhead(chat, &permits),
-                    stream: bulkhead(streaming, &permits),
-                }
-            }
+            Some(permits) => ProviderServices {
+                chat: shed_when_full(chat, &permits),
+                stream: shed_when_full(streaming, &permits),
+            },
         })
     }
 }
 
 /// `svc` behind a shared semaphore, shedding calls that find it full.
-fn bulkhead<Res: Send + 'static>(
+fn shed_when_full<Res: Send + 'static>(
     svc: RouteService<Res>,
     permits: &Arc<tokio::sync::Semaphore>,
 ) -> RouteService<Res> {

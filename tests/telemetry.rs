@@ -1,25 +1,18 @@
 //! Telemetry: the seed-002 metrics read through OpenTelemetry's Prometheus
-//! exporter (so the names are checked as a scrape reads them), the breaker
-//! gauge, W3C trace-context propagation and the sev-1 auth event.
+//! exporter (so the names are checked as a scrape reads them) and the
+//! breaker gauge. (Tests that need a tracing subscriber are in
+//! `telemetry_trace.rs`.)
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use opentelemetry::metrics::MeterProvider as _;
-use opentelemetry::trace::{
-    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider as _,
-};
 use opentelemetry_sdk::metrics::SdkMeterProvider;
-use opentelemetry_sdk::trace::SdkTracerProvider;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm::breaker::BreakerConfig;
 use tower_llm::prelude::*;
 use tower_llm::retry::FixedFraction;
 use tower_llm::{GenAiMetrics, Metrics};
-use tower_llm_providers::mock::{MockServer, Reply, ScriptedTransport};
-use tracing::Instrument;
-use tracing_opentelemetry::OpenTelemetrySpanExt;
-use tracing_subscriber::layer::SubscriberExt;
+use tower_llm_providers::mock::{Reply, ScriptedTransport};
 
 /// A meter provider exporting to a Prometheus registry of its own.
 fn prometheus() -> (SdkMeterProvider, prometheus::Registry) {
@@ -255,167 +248,6 @@ async fn the_breaker_gauge_moves_closed_open_half_open_closed() {
     assert_eq!(state(), 2.0);
     probe.await.expect("task").expect("the probe succeeds");
     assert_eq!(state(), 0.0);
-}
-
-#[tokio::test(start_paused = true)]
-async fn seed_ac17_outbound_traceparent_continues_the_inbound_trace() {
-    let tracer_provider = SdkTracerProvider::builder().build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(tracer_provider.tracer("test")));
-    let _guard = tracing::subscriber::set_default(subscriber);
-
-    let server = MockServer::start(Reply::openai_text("hi"))
-        .await
-        .expect("server");
-    let client = tower_llm::providers::https::client_with_connect_timeout(Duration::from_secs(5));
-    let provider = tower_llm::providers::OpenAi::new(
-        client,
-        tower_llm::providers::OpenAiConfig::new(tower_llm::providers::ApiKey::new("k"))
-            .with_base_url(&server.url()),
-    );
-    let svc = ServiceBuilder::new()
-        .llm_deadline(Duration::from_secs(30))
-        .llm_retry(RetryLayer::new())
-        .service(provider);
-
-    // The inbound request's trace context, as a gateway extracts it.
-    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
-    let inbound_span_id = "00f067aa0ba902b7";
-    let remote = SpanContext::new(
-        TraceId::from_hex(trace_id).expect("trace id"),
-        SpanId::from_hex(inbound_span_id).expect("span id"),
-        TraceFlags::SAMPLED,
-        true,
-        TraceState::default(),
-    );
-    let inbound = tracing::info_span!("inbound");
-    let _ = inbound.set_parent(opentelemetry::Context::new().with_remote_span_context(remote));
-    svc.oneshot(ChatRequest::new("m", vec![Message::user("hi")]))
-        .instrument(inbound)
-        .await
-        .expect("answer");
-
-    let received = server.received();
-    let traceparent = received[0]
-        .headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .expect("a traceparent header");
-    let parts: Vec<&str> = traceparent.split('-').collect();
-    assert_eq!(parts.len(), 4, "{traceparent}");
-    assert_eq!(parts[0], "00");
-    assert_eq!(parts[1], trace_id, "same trace");
-    assert_ne!(parts[2], inbound_span_id, "a child span");
-    assert_ne!(parts[2], "0000000000000000");
-    assert_eq!(parts[3], "01");
-}
-
-/// Records the events a subscriber sees as `level fields` lines.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<String>>>);
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
-    fn on_event(
-        &self,
-        event: &tracing::Event<'_>,
-        _ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        struct Fields(String);
-        impl tracing::field::Visit for Fields {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                self.0.push_str(&format!(" {}={:?}", field.name(), value));
-            }
-            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-                self.0.push_str(&format!(" {}={}", field.name(), value));
-            }
-        }
-        let mut fields = Fields(event.metadata().level().to_string());
-        event.record(&mut fields);
-        self.0.lock().expect("lock").push(fields.0);
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_401_emits_one_sev1_error_event_and_never_the_key() {
-    let capture = Capture::default();
-    let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
-    let t = ScriptedTransport::new(Reply::openai_error(
-        401,
-        "invalid_request_error",
-        "Incorrect API key provided: mock",
-    ));
-    let svc = ServiceBuilder::new()
-        .llm_deadline(Duration::from_secs(30))
-        .llm_retry(RetryLayer::new())
-        .service(t.openai());
-    let err = svc
-        .oneshot(ChatRequest::new("gpt-4o-mini", vec![Message::user("hi")]))
-        .await
-        .unwrap_err();
-    assert!(err.is_auth());
-    let events = capture.0.lock().expect("lock").clone();
-    let sev1: Vec<_> = events
-        .iter()
-        .filter(|e| e.contains("severity=sev-1"))
-        .collect();
-    assert_eq!(sev1.len(), 1, "{events:#?}");
-    assert!(sev1[0].starts_with("ERROR"));
-    assert!(sev1[0].contains("status=401"));
-    assert!(!events.iter().any(|e| e.contains("Bearer")));
-}
-
-/// A raw HTTP service answering `status` every time.
-fn answering(
-    status: u16,
-) -> impl tower::Service<
-    http::Request<()>,
-    Response = http::Response<()>,
-    Error = Failure,
-    Future = impl Send,
-> + Clone
-+ Send {
-    tower::service_fn(move |_req: http::Request<()>| async move {
-        Ok::<_, Failure>(
-            http::Response::builder()
-                .status(status)
-                .body(())
-                .expect("response"),
-        )
-    })
-}
-
-#[tokio::test(start_paused = true)]
-async fn http_error_answers_handed_back_count_as_their_failure_not_success() {
-    let capture = Capture::default();
-    let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
-    let (meter_provider, registry) = prometheus();
-    let meter = meter_provider.meter("tower-llm");
-    for status in [401, 503, 400] {
-        let svc = ServiceBuilder::new()
-            .layer(DeadlineLayer::new(Duration::from_secs(30)).with_metrics(Metrics::new(&meter)))
-            .llm_retry(RetryLayer::http().with_rng(FixedFraction(0.5)))
-            .service(answering(status));
-        let res = svc
-            .oneshot(http::Request::new(()))
-            .await
-            .expect("the answer comes back as it is");
-        assert_eq!(res.status(), status);
-    }
-    let text = scrape(&registry);
-    let calls = |outcome| sample(&text, "ai_router_calls_total", &[("outcome", outcome)]);
-    assert_eq!(calls("auth_error"), 1.0);
-    assert_eq!(calls("all_failed"), 1.0);
-    assert_eq!(calls("terminal_4xx"), 1.0);
-    assert_eq!(calls("succeeded"), 0.0);
-    let events = capture.0.lock().expect("lock").clone();
-    let sev1: Vec<_> = events
-        .iter()
-        .filter(|e| e.contains("severity=sev-1"))
-        .collect();
-    assert_eq!(sev1.len(), 1, "{events:#?}");
-    assert!(sev1[0].contains("status=401"));
 }
 
 #[tokio::test(start_paused = true)]

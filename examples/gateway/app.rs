@@ -30,7 +30,7 @@ use tower_llm::breaker::{BreakerHandle, BreakerLayer};
 use tower_llm::config::{ConfigError, Policy, ProviderConfig, ProviderServices, RouteService};
 use tower_llm::providers::RequestBody;
 use tower_llm::providers::openai::server::{
-    decode_request, encode_chunk, encode_error, encode_response,
+    decode_request, encode_chunk, encode_error, encode_first_chunk, encode_response,
 };
 use tower_llm::{ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics, Metrics};
 use tracing::Instrument;
@@ -83,7 +83,13 @@ pub(crate) struct Gateway {
     transport: Transport,
     keys: KeySource,
     probes: Mutex<HashMap<String, Probe>>,
+    /// Each provider's bulkhead, kept across reloads while its limit is
+    /// unchanged, so calls in flight keep counting.
+    bulkheads: Bulkheads,
 }
+
+/// Bulkheads by provider name, with their limit.
+type Bulkheads = Mutex<HashMap<String, (usize, Arc<tokio::sync::Semaphore>)>>;
 
 impl Gateway {
     /// A gateway serving `policy` over `transport`.
@@ -107,7 +113,10 @@ impl Gateway {
         let gauge = breaker.handle().register_gauge(&meter);
         let metrics = Metrics::new(&meter);
         let genai = GenAiMetrics::new(&meter);
-        let routes = build(&policy, &breaker, &metrics, &genai, &transport, &keys)?;
+        let bulkheads = Bulkheads::default();
+        let routes = build(
+            &policy, &breaker, &metrics, &genai, &transport, &keys, &bulkheads,
+        )?;
         Ok(Arc::new(Gateway {
             routes: ArcSwap::from_pointee(routes),
             breaker,
@@ -119,6 +128,7 @@ impl Gateway {
             transport,
             keys,
             probes: Mutex::new(HashMap::new()),
+            bulkheads,
         }))
     }
 
@@ -138,6 +148,7 @@ impl Gateway {
             &self.genai,
             &self.transport,
             &self.keys,
+            &self.bulkheads,
         )?;
         self.routes.store(Arc::new(routes));
         Ok(())
@@ -225,7 +236,15 @@ impl Gateway {
                     .layer(SetRequestIdLayer::x_request_id(Counter::default()))
                     .layer(PropagateRequestIdLayer::x_request_id())
                     .layer(TraceLayer::new_for_http())
-                    .layer(CatchPanicLayer::new())
+                    .layer(CatchPanicLayer::custom(|_panic| {
+                        error(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "internal error",
+                            "server_error",
+                            None,
+                        )
+                    }))
+                    .map_response(openai_413)
                     .layer(RequestBodyLimitLayer::new(MAX_REQUEST_BODY)),
             )
     }
@@ -239,11 +258,29 @@ fn build(
     genai: &GenAiMetrics,
     transport: &Transport,
     keys: &KeySource,
+    bulkheads: &Bulkheads,
 ) -> Result<Routes, ConfigError> {
     let mut services: HashMap<String, ProviderServices> = HashMap::new();
     for provider in &policy.providers {
         let key = keys(provider)?;
-        let built = provider.services(key, transport.clone(), policy.stream.timeouts(), genai)?;
+        let bulkhead = provider.max_concurrency.map(|limit| {
+            let mut kept = bulkheads.lock().unwrap_or_else(PoisonError::into_inner);
+            match kept.get(&provider.name) {
+                Some((l, permits)) if *l == limit => permits.clone(),
+                _ => {
+                    let permits = Arc::new(tokio::sync::Semaphore::new(limit));
+                    kept.insert(provider.name.clone(), (limit, permits.clone()));
+                    permits
+                }
+            }
+        });
+        let built = provider.services(
+            key,
+            transport.clone(),
+            policy.stream.timeouts(),
+            genai,
+            bulkhead,
+        )?;
         services.insert(provider.name.clone(), built);
     }
     let mut unary = HashMap::new();
@@ -276,6 +313,24 @@ impl MakeRequestId for Counter {
             .ok()
             .map(RequestId::new)
     }
+}
+
+/// The body limit's 413 (from the layer, or from the handler's body
+/// reader for a chunked body) in OpenAI's error shape.
+fn openai_413<B>(res: http::Response<B>) -> Response
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    if res.status() != StatusCode::PAYLOAD_TOO_LARGE {
+        return res.map(Body::new);
+    }
+    error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &format!("request body over {MAX_REQUEST_BODY} bytes"),
+        "invalid_request_error",
+        Some("request_too_large"),
+    )
 }
 
 /// An OpenAI-shaped error answer.
@@ -373,12 +428,13 @@ async fn chat(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Bytes) -
         let _ = span.set_parent(cx);
     }
     let alias = req.model.clone();
+    let include_usage = req.stream && wants_usage(&body);
     if req.stream {
         let Some(svc) = routes.stream.get(&alias).cloned() else {
             return unknown_route(&alias);
         };
         match svc.oneshot(req).instrument(span).await {
-            Ok(stream) => sse(stream),
+            Ok(stream) => sse(stream, include_usage),
             Err(f) => failure_response(&f),
         }
     } else {
@@ -419,7 +475,21 @@ fn unknown_route(alias: &str) -> Response {
 /// A committed stream as OpenAI server-sent events: one `data:` per chunk,
 /// `data: [DONE]` at a clean end, or one `data: {"error": ...}` event for a
 /// failure after the commit point (and no `[DONE]`).
-fn sse(stream: ChatStream) -> Response {
+/// `stream_options.include_usage` in a request body.
+fn wants_usage(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|b| {
+            b.pointer("/stream_options/include_usage")
+                .and_then(serde_json::Value::as_bool)
+        })
+        .unwrap_or(false)
+}
+
+/// Stream ids: unique per process.
+static STREAMS: AtomicU64 = AtomicU64::new(0);
+
+fn sse(stream: ChatStream, include_usage: bool) -> Response {
     let served = stream
         .attempts()
         .iter()
@@ -432,7 +502,14 @@ fn sse(stream: ChatStream) -> Response {
     let events = Frames {
         stream,
         done: false,
-        id: format!("chatcmpl-{}", now_unix()),
+        id: format!(
+            "chatcmpl-{}-{}",
+            now_unix(),
+            STREAMS.fetch_add(1, Ordering::Relaxed)
+        ),
+        first: true,
+        include_usage,
+        usage: tower_llm::Usage::default(),
         model: model.clone(),
         created: now_unix(),
     };
@@ -447,13 +524,18 @@ fn sse(stream: ChatStream) -> Response {
     res
 }
 
-/// The SSE frames of a committed stream.
+/// The SSE frames of a committed stream: the first carries the role;
+/// usage is summed and sent once at the end, and only when the client
+/// asked for it (`stream_options.include_usage`), as OpenAI does.
 struct Frames {
     stream: ChatStream,
     done: bool,
     id: String,
     model: String,
     created: u64,
+    first: bool,
+    include_usage: bool,
+    usage: tower_llm::Usage,
 }
 
 impl futures_core::Stream for Frames {
@@ -468,23 +550,58 @@ impl futures_core::Stream for Frames {
         if this.done {
             return Poll::Ready(None);
         }
-        let frame = match std::task::ready!(std::pin::Pin::new(&mut this.stream).poll_next(cx)) {
-            Some(Ok(chunk)) => {
-                let body = encode_chunk(&chunk, &this.id, &this.model, this.created);
-                format!("data: {body}\n\n")
-            }
-            Some(Err(f)) => {
-                this.done = true;
-                let body = encode_error(
-                    f.message().unwrap_or("the stream failed"),
-                    "stream_error",
-                    Some(f.class().as_metric_label()),
-                );
-                format!("data: {body}\n\n")
-            }
-            None => {
-                this.done = true;
-                "data: [DONE]\n\n".to_owned()
+        let frame = loop {
+            match std::task::ready!(std::pin::Pin::new(&mut this.stream).poll_next(cx)) {
+                Some(Ok(mut chunk)) => {
+                    if let Some(u) = chunk.usage.take() {
+                        // Providers report usage in parts (Anthropic: input
+                        // first, output last): keep every count.
+                        if u.prompt_tokens > 0 {
+                            this.usage.prompt_tokens = u.prompt_tokens;
+                        }
+                        if u.completion_tokens > 0 {
+                            this.usage.completion_tokens = u.completion_tokens;
+                        }
+                        if u.cached_input_tokens > 0 {
+                            this.usage.cached_input_tokens = u.cached_input_tokens;
+                        }
+                    }
+                    if chunk.text.is_none()
+                        && chunk.tool_call.is_none()
+                        && chunk.finish_reason.is_none()
+                    {
+                        continue; // usage only
+                    }
+                    let body = if std::mem::take(&mut this.first) {
+                        encode_first_chunk(&chunk, &this.id, &this.model, this.created)
+                    } else {
+                        encode_chunk(&chunk, &this.id, &this.model, this.created)
+                    };
+                    break format!("data: {body}\n\n");
+                }
+                Some(Err(f)) => {
+                    this.done = true;
+                    let body = encode_error(
+                        f.message().unwrap_or("the stream failed"),
+                        "stream_error",
+                        Some(f.class().as_metric_label()),
+                    );
+                    break format!("data: {body}\n\n");
+                }
+                None => {
+                    this.done = true;
+                    let mut out = String::new();
+                    if this.include_usage {
+                        let usage = tower_llm::ChatChunk {
+                            usage: Some(this.usage),
+                            ..tower_llm::ChatChunk::default()
+                        };
+                        let body = encode_chunk(&usage, &this.id, &this.model, this.created);
+                        out.push_str(&format!("data: {body}\n\n"));
+                    }
+                    out.push_str("data: [DONE]\n\n");
+                    break out;
+                }
             }
         };
         Poll::Ready(Some(Ok(Bytes::from(frame))))

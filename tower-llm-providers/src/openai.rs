@@ -655,11 +655,20 @@ pub mod server {
         Message, Role, Tool, ToolCall, ToolChoice,
     };
 
+    /// `null` reads as the default, as OpenAI's API accepts.
+    fn nullable<'de, D, T>(d: D) -> Result<T, D::Error>
+    where
+        D: serde::Deserializer<'de>,
+        T: Default + Deserialize<'de>,
+    {
+        Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+    }
+
     #[derive(Deserialize)]
     struct WireRequest {
         model: String,
         messages: Vec<WireMessage>,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "nullable")]
         tools: Vec<WireTool>,
         #[serde(default)]
         tool_choice: Option<Value>,
@@ -673,8 +682,12 @@ pub mod server {
         max_completion_tokens: Option<u32>,
         #[serde(default)]
         stop: Option<Value>,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "nullable")]
         stream: bool,
+        #[serde(default)]
+        n: Option<u32>,
+        #[serde(default)]
+        response_format: Option<Value>,
     }
 
     #[derive(Deserialize)]
@@ -682,7 +695,7 @@ pub mod server {
         role: String,
         #[serde(default)]
         content: Option<Value>,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "nullable")]
         tool_calls: Vec<WireToolCall>,
         #[serde(default)]
         tool_call_id: Option<String>,
@@ -723,7 +736,11 @@ pub mod server {
     /// Reads an OpenAI Chat Completions request body into a
     /// [`ChatRequest`] (`model` as sent: a gateway treats it as a route
     /// alias). `developer` messages are system messages;
-    /// `max_completion_tokens` is `max_tokens`.
+    /// `max_completion_tokens` is `max_tokens`; `null` means absent.
+    /// Fields with no provider-neutral meaning (`user`, `seed`, penalties,
+    /// `logprobs`, `stream_options`, ...) are ignored; `n > 1` and a
+    /// non-text `response_format` are refused, since ignoring them would
+    /// change the answer.
     ///
     /// # Errors
     ///
@@ -743,6 +760,18 @@ pub mod server {
     pub fn decode_request(body: &[u8]) -> Result<ChatRequest, Failure> {
         let wire: WireRequest =
             serde_json::from_slice(body).map_err(|e| bad(format!("invalid request body: {e}")))?;
+        // Refused rather than silently dropped: an answer without them
+        // would not be what the client asked for.
+        if wire.n.is_some_and(|n| n > 1) {
+            return Err(bad("n > 1 is not supported: ask once per choice"));
+        }
+        if let Some(format) = &wire.response_format {
+            if format.get("type").and_then(Value::as_str) != Some("text") {
+                return Err(bad(
+                    "response_format other than {\"type\": \"text\"} is not supported yet",
+                ));
+            }
+        }
         let mut messages = Vec::with_capacity(wire.messages.len());
         for m in wire.messages {
             let role = match m.role.as_str() {
@@ -928,6 +957,20 @@ pub mod server {
         out
     }
 
+    /// As [`encode_chunk`], with `"role": "assistant"` in the delta (the
+    /// first chunk of a stream carries it).
+    pub fn encode_first_chunk(chunk: &ChatChunk, id: &str, model: &str, created: u64) -> Value {
+        let mut out = encode_chunk(chunk, id, model, created);
+        match out["choices"].get_mut(0) {
+            Some(choice) => choice["delta"]["role"] = json!("assistant"),
+            None => {
+                out["choices"] = json!([{"index": chunk.index, "delta": {"role": "assistant"},
+                                         "finish_reason": null}]);
+            }
+        }
+        out
+    }
+
     /// An OpenAI error body: `{"error": {"message", "type", "code"}}`.
     pub fn encode_error(message: &str, kind: &str, code: Option<&str>) -> Value {
         json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
@@ -959,12 +1002,22 @@ pub mod server {
             assert_eq!(req.max_tokens, Some(9));
             assert_eq!(req.stop, ["END"]);
             assert_eq!(req.tool_choice, Some(ToolChoice::Tool("f".into())));
+            // `null` is absent, as OpenAI's own API reads it.
+            let req = decode_request(
+                br#"{"model": "m", "stream": null, "tools": null, "n": 1, "user": "u",
+                "response_format": {"type": "text"},
+                "messages": [{"role": "assistant", "content": "x", "tool_calls": null}]}"#,
+            )
+            .expect("valid");
+            assert!(!req.stream && req.tools.is_empty());
             for bad in [
                 &b"{"[..],
                 br#"{"messages": []}"#,
                 br#"{"model": "m", "messages": [{"role": "robot", "content": "x"}]}"#,
                 br#"{"model": "m", "messages": [{"role": "user", "content": 7}]}"#,
                 br#"{"model": "m", "messages": [], "tool_choice": "sometimes"}"#,
+                br#"{"model": "m", "messages": [], "n": 3}"#,
+                br#"{"model": "m", "messages": [], "response_format": {"type": "json_object"}}"#,
             ] {
                 assert!(decode_request(bad).unwrap_err().is_bad_request());
             }
