@@ -314,17 +314,20 @@ impl AttemptLog {
     /// if this call created it (the caller is then its owner and must attach
     /// it when the call ends), `None` if an outer layer already owns one.
     pub fn install(extensions: &mut Extensions) -> Option<AttemptLog> {
-        if extensions.get::<AttemptLog>().is_some() {
+        if AttemptLog::of(extensions).is_some() {
             return None;
         }
         let log = AttemptLog::new();
-        extensions.insert(log.clone());
+        crate::call_state::CallState::of_mut(extensions).log = Some(log.clone());
         Some(log)
     }
 
     /// The log in `extensions`, if any.
     pub fn of(extensions: &Extensions) -> Option<&AttemptLog> {
-        extensions.get::<AttemptLog>()
+        match crate::call_state::CallState::of(extensions).and_then(|s| s.log.as_ref()) {
+            Some(log) => Some(log),
+            None => extensions.get::<AttemptLog>(),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<AttemptRecord>> {

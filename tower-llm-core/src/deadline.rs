@@ -79,7 +79,9 @@ impl Deadline {
 
     /// The deadline stored in `extensions`, if any.
     pub fn of(extensions: &Extensions) -> Option<Self> {
-        extensions.get::<Deadline>().copied()
+        crate::call_state::CallState::of(extensions)
+            .and_then(|s| s.deadline)
+            .or_else(|| extensions.get::<Deadline>().copied())
     }
 
     /// The time left of the deadline stored in `extensions`, if any.
@@ -90,13 +92,12 @@ impl Deadline {
     /// Stores this deadline in `extensions`, keeping an earlier one that is
     /// already there. Returns the deadline now in force.
     pub fn store(self, extensions: &mut Extensions) -> Deadline {
-        match extensions.insert(self) {
-            Some(existing) if existing < self => {
-                extensions.insert(existing);
-                existing
-            }
+        let in_force = match Deadline::of(extensions) {
+            Some(existing) if existing < self => existing,
             _ => self,
-        }
+        };
+        crate::call_state::CallState::of_mut(extensions).deadline = Some(in_force);
+        in_force
     }
 }
 

@@ -44,6 +44,7 @@
 
 mod attempt;
 mod bounded;
+mod call_state;
 mod chat;
 mod class;
 mod classify;
@@ -63,6 +64,8 @@ pub use attempt::{
     ServedBy,
 };
 pub use bounded::Bounded;
+#[doc(hidden)]
+pub use call_state::{attempt_number, set_attempt_number};
 pub use chat::{
     ChatChunk, ChatRequest, ChatResponse, Choice, ContentPart, FinishReason, Message, Role, Tool,
     ToolCall, ToolCallDelta, ToolChoice, Usage,

@@ -69,8 +69,18 @@ impl Link {
         self.position
     }
 
-    /// The link stored in `extensions`, if any.
+    /// The link stored in `extensions` (by [`store`](Self::store), or
+    /// inserted directly), if any.
     pub fn of(extensions: &Extensions) -> Option<&Link> {
-        extensions.get::<Link>()
+        match crate::call_state::CallState::of(extensions).and_then(|s| s.link.as_ref()) {
+            Some(link) => Some(link),
+            None => extensions.get::<Link>(),
+        }
+    }
+
+    /// Stores this link in `extensions` (replacing one stored before), with
+    /// the call's other tower-llm state: one entry for all of it.
+    pub fn store(self, extensions: &mut Extensions) {
+        crate::call_state::CallState::of_mut(extensions).link = Some(self);
     }
 }

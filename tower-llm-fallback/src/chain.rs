@@ -126,7 +126,7 @@ impl<Req> LinkSpec<Req> {
     where
         Req: tower_llm_core::HasExtensions,
     {
-        req.extensions_mut().insert(self.link.clone());
+        self.link.clone().store(req.extensions_mut());
         if let Some(rewrite) = &self.rewrite {
             rewrite(req, &self.link);
         }

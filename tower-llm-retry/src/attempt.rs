@@ -15,7 +15,7 @@ use tower_llm_core::{
 };
 use tower_service::Service;
 
-use crate::policy::{AttemptNo, Shared};
+use crate::policy::Shared;
 
 /// Wraps each attempt of a [`RetryLayer`](crate::RetryLayer): see [`Attempt`].
 ///
@@ -140,7 +140,7 @@ where
             return fut;
         }
         let link = Link::of(ext).unwrap_or(&shared.link);
-        let number = ext.get::<AttemptNo>().map_or(1, |n| n.0);
+        let number = tower_llm_core::attempt_number(ext);
         fut.span = tracing::info_span!(
             "llm.attempt",
             provider = link.provider(),

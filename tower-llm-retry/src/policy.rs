@@ -15,11 +15,6 @@ use crate::{Backoff, Budget, RandomSource, RetryBudget, SplitMix64};
 /// Tokio's timer resolution: sleeps end on a whole millisecond.
 const TIMER_GRANULARITY: Duration = Duration::from_millis(1);
 
-/// The attempt number the next attempt on this link will carry; written
-/// into the retained request by the policy, read by the attempt service.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct AttemptNo(pub(crate) u8);
-
 /// Settings shared by every clone of a retry layer (behind one `Arc`).
 #[derive(Clone)]
 pub(crate) struct Shared<C> {
@@ -166,8 +161,7 @@ where
             return self.stop(req, RetryStop::BudgetExhausted);
         }
         self.mark(req, |r| r.next = NextStep::Retried);
-        req.extensions_mut()
-            .insert(AttemptNo(self.attempts.saturating_add(1)));
+        tower_llm_core::set_attempt_number(req.extensions_mut(), self.attempts.saturating_add(1));
         Some(tokio::time::sleep(delay))
     }
 
