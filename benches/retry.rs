@@ -22,24 +22,10 @@ use tower_llm::deadline::DeadlineLayer;
 use tower_llm::retry::RetryLayer;
 
 mod support;
-use support::{allocations, call};
+use support::{NeverRetry, allocations, call};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
-
-/// A policy that keeps a copy of the request and never retries.
-#[derive(Clone)]
-struct NeverRetry;
-
-impl<Req: Clone, Res, E> tower::retry::Policy<Req, Res, E> for NeverRetry {
-    type Future = std::future::Ready<()>;
-    fn retry(&mut self, _: &mut Req, _: &mut Result<Res, E>) -> Option<Self::Future> {
-        None
-    }
-    fn clone_request(&mut self, req: &Req) -> Option<Req> {
-        Some(req.clone())
-    }
-}
 
 type Bare = tower::util::ServiceFn<
     fn(http::Request<()>) -> std::future::Ready<Result<http::Response<()>, Failure>>,

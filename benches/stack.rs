@@ -31,7 +31,7 @@ use tower_llm::retry::RetryLayer;
 use tower_llm::{Failure, HttpClassifier, ServiceBuilderExt};
 
 mod support;
-use support::{allocations, call};
+use support::{NeverRetry, allocations, call, paired};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -69,19 +69,6 @@ fn ours() -> (
     (svc, breaker)
 }
 
-#[derive(Clone)]
-struct NeverRetry;
-
-impl<Rq: Clone, Rs, E> tower::retry::Policy<Rq, Rs, E> for NeverRetry {
-    type Future = std::future::Ready<()>;
-    fn retry(&mut self, _: &mut Rq, _: &mut Result<Rs, E>) -> Option<Self::Future> {
-        None
-    }
-    fn clone_request(&mut self, req: &Rq) -> Option<Rq> {
-        Some(req.clone())
-    }
-}
-
 fn tower_peer() -> impl Service<Req, Response = Res, Error = tower::BoxError> + Clone {
     ServiceBuilder::new()
         .timeout(Duration::from_secs(30))
@@ -109,31 +96,6 @@ fn resilience_peer() -> impl Service<Req, Response = Res> + Clone + Send + 'stat
         .cancel_running_future(true)
         .build();
     limiter.layer(retry.layer(breaker.layer(bare())))
-}
-
-/// Median ns per call of `a` and `b`, timed alternately.
-fn paired<A, B>(a: &mut A, b: &mut B) -> (f64, f64)
-where
-    A: Service<Req, Response = Res>,
-    B: Service<Req, Response = Res>,
-{
-    const N: u32 = 20_000;
-    let (mut ta, mut tb) = (Vec::new(), Vec::new());
-    for _ in 0..41 {
-        let t = Instant::now();
-        for _ in 0..N {
-            black_box(call(a));
-        }
-        ta.push(t.elapsed().as_nanos() as f64 / f64::from(N));
-        let t = Instant::now();
-        for _ in 0..N {
-            black_box(call(b));
-        }
-        tb.push(t.elapsed().as_nanos() as f64 / f64::from(N));
-    }
-    ta.sort_by(f64::total_cmp);
-    tb.sort_by(f64::total_cmp);
-    (ta[20], tb[20])
 }
 
 const TASKS: usize = 64;

@@ -9,8 +9,7 @@
 //! cargo bench --bench telemetry
 //! ```
 
-use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use opentelemetry::metrics::MeterProvider as _;
@@ -23,7 +22,7 @@ use tower_llm::retry::RetryLayer;
 use tower_llm::{Failure, HttpClassifier, Metrics, ServiceBuilderExt};
 
 mod support;
-use support::call;
+use support::{call, paired};
 
 type Req = http::Request<()>;
 type Res = http::Response<()>;
@@ -52,32 +51,6 @@ fn stack(metrics: Metrics) -> impl Service<Req, Response = Res, Error = Failure>
         .layer(DeadlineLayer::new(Duration::from_secs(30)).with_metrics(metrics))
         .llm_fallback(fallback)
         .service(link())
-}
-
-/// Nanoseconds per call of `a` and `b`, timed alternately (41 rounds of
-/// 20,000 calls, medians), so that this VM's drift hits both alike.
-fn paired<A, B>(a: &mut A, b: &mut B) -> (f64, f64)
-where
-    A: Service<Req, Response = Res>,
-    B: Service<Req, Response = Res>,
-{
-    const N: u32 = 20_000;
-    let (mut ta, mut tb) = (Vec::new(), Vec::new());
-    for _ in 0..41 {
-        let t = Instant::now();
-        for _ in 0..N {
-            black_box(call(a));
-        }
-        ta.push(t.elapsed().as_nanos() as f64 / f64::from(N));
-        let t = Instant::now();
-        for _ in 0..N {
-            black_box(call(b));
-        }
-        tb.push(t.elapsed().as_nanos() as f64 / f64::from(N));
-    }
-    ta.sort_by(f64::total_cmp);
-    tb.sort_by(f64::total_cmp);
-    (ta[20], tb[20])
 }
 
 fn bench(c: &mut Criterion) {

@@ -11,7 +11,6 @@ use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::{
     SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider as _,
 };
-use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm::Metrics;
@@ -22,43 +21,8 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
 
-/// A meter provider exporting to a Prometheus registry of its own.
-fn prometheus() -> (SdkMeterProvider, prometheus::Registry) {
-    let registry = prometheus::Registry::new();
-    let exporter = opentelemetry_prometheus::exporter()
-        .with_registry(registry.clone())
-        .build()
-        .expect("exporter");
-    let provider = SdkMeterProvider::builder().with_reader(exporter).build();
-    (provider, registry)
-}
-
-fn scrape(registry: &prometheus::Registry) -> String {
-    prometheus::TextEncoder::new()
-        .encode_to_string(&registry.gather())
-        .expect("text")
-}
-
-/// The sum of the samples named `name` whose labels include `labels`.
-fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let (metric, rest) = match series.split_once('{') {
-                Some((m, rest)) => (m, rest.trim_end_matches('}')),
-                None => (series, ""),
-            };
-            if metric != name {
-                return None;
-            }
-            let all = labels
-                .iter()
-                .all(|(k, v)| rest.split(',').any(|pair| pair == format!("{k}=\"{v}\"")));
-            all.then(|| value.parse::<f64>().ok()).flatten()
-        })
-        .sum()
-}
+mod metrics_support;
+use metrics_support::{prometheus, sample, scrape};
 
 #[tokio::test(start_paused = true)]
 async fn seed_ac17_outbound_traceparent_continues_the_inbound_trace() {

@@ -701,18 +701,8 @@ pub mod server {
         tool_call_id: Option<String>,
     }
 
-    #[derive(Deserialize)]
-    struct WireToolCall {
-        id: String,
-        function: WireFunction,
-    }
-
-    #[derive(Deserialize)]
-    struct WireFunction {
-        name: String,
-        #[serde(default)]
-        arguments: String,
-    }
+    // The tool-call shape is the one answers use.
+    use super::WireToolCall;
 
     #[derive(Deserialize)]
     struct WireTool {
