@@ -6,13 +6,19 @@ use tower_llm_core::{AttemptLog, BoxError, Classify, Failure, HasExtensions};
 use tower_service::Service;
 
 use crate::future::Guard;
-use crate::{BreakerLayer, KeyFn, ResponseFuture};
+use crate::{BreakerLayer, Circuit, KeyFn, ResponseFuture};
 
 /// The service built by [`BreakerLayer`]: see the [crate docs](crate).
 #[derive(Debug)]
 pub struct Breaker<S, K, C> {
     inner: S,
     shared: Arc<BreakerLayer<K, C>>,
+    /// The circuit of the last key this service served: a call with the
+    /// same key (the usual case, one breaker per link) skips the store's
+    /// hashing and shard lock. Only a circuit the store holds is kept, so
+    /// a circuit the store handed out unstored (it was full) is never
+    /// reused.
+    last: Option<Arc<Circuit>>,
 }
 
 impl<S: Clone, K, C> Clone for Breaker<S, K, C> {
@@ -20,13 +26,18 @@ impl<S: Clone, K, C> Clone for Breaker<S, K, C> {
         Breaker {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
+            last: self.last.clone(),
         }
     }
 }
 
 impl<S, K, C> Breaker<S, K, C> {
     pub(crate) fn new(inner: S, shared: Arc<BreakerLayer<K, C>>) -> Self {
-        Breaker { inner, shared }
+        Breaker {
+            inner,
+            shared,
+            last: None,
+        }
     }
 
     /// The wrapped service.
@@ -69,9 +80,19 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let shared = &self.shared;
+        let last = &mut self.last;
         let circuit = shared
             .key_fn
-            .with_key(&req, &shared.link, |key| shared.store.circuit_for(key));
+            .with_key(&req, &shared.link, |key| match last {
+                Some(c) if c.key().view() == key => c.clone(),
+                _ => {
+                    let c = shared.store.circuit_for(key);
+                    // Held by the store too: stored, so the same circuit for
+                    // this key for as long as anyone holds it.
+                    *last = (Arc::strong_count(&c) > 1).then(|| c.clone());
+                    c
+                }
+            });
         let (admission, transition) = circuit.admit(&shared.config);
         crate::layer::announce(shared.observer.as_ref(), transition.as_ref());
         match admission {

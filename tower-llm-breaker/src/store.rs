@@ -17,8 +17,13 @@ use crate::{BreakerKey, Circuit, KeyView};
 ///
 /// The layer reaches circuits only through this trait, so another store
 /// (for example one that shares open circuits between replicas) can be
-/// plugged in without touching the layer. A store is called on every
-/// request: it must not block on I/O.
+/// plugged in without touching the layer. A store is called whenever a
+/// service meets a key other than its last one: it must not block on I/O.
+///
+/// A store must hand out the same circuit for a key for as long as it holds
+/// that circuit: each breaker service keeps the circuit of the last key it
+/// served (when the store holds it too, by reference count) and reuses it
+/// for the next call with that key without asking the store again.
 pub trait BreakerStore: Send + Sync + fmt::Debug + 'static {
     /// The circuit of `key`, created closed if there is none.
     fn circuit(&self, key: BreakerKey) -> Arc<Circuit>;

@@ -773,3 +773,73 @@ async fn never_more_than_k_probes_in_flight() {
     }
     assert!(max_in_flight.load(Ordering::SeqCst) <= K as usize);
 }
+
+/// One service (not a fresh clone per call) keeps its last key's circuit:
+/// calls alternating between two keys still land on each key's own
+/// circuit.
+#[tokio::test(start_paused = true)]
+async fn one_service_alternating_keys_keeps_each_keys_circuit() {
+    use tower::Service;
+    let a = Provider::new(Answer::Status(503));
+    let b = Provider::new(Answer::Ok);
+    let (layer, handle) = breaker(BreakerConfig::default());
+    let (sa, sb) = (a.service(), b.service());
+    let router = service_fn(move |req: ChatRequest| {
+        let to_a = Link::of(&req.extensions).is_some_and(|l| l.provider() == "a");
+        if to_a { sa.clone() } else { sb.clone() }.oneshot(req)
+    });
+    let mut svc = layer.layer(router);
+    for _ in 0..5 {
+        let _ = svc.ready().await.expect("ready").call(req_for("a")).await;
+        svc.ready()
+            .await
+            .expect("ready")
+            .call(req_for("b"))
+            .await
+            .expect("b serves");
+    }
+    let refused = svc.ready().await.expect("ready").call(req_for("a")).await;
+    assert!(refused.expect_err("a open").is_circuit_open());
+    assert_eq!(a.calls(), 5);
+    assert_eq!(b.calls(), 5);
+    assert_eq!(
+        state(&handle, &BreakerKey::new("a", "m")),
+        CircuitState::Open
+    );
+    assert_eq!(
+        state(&handle, &BreakerKey::new("b", "m")),
+        CircuitState::Closed
+    );
+}
+
+/// A full store hands out circuits it does not keep; a service must not
+/// hold on to one, or that key would trip a circuit nobody can see.
+#[tokio::test(start_paused = true)]
+async fn a_circuit_the_full_store_did_not_keep_is_never_reused() {
+    use tower::Service;
+    use tower_llm_breaker::MemoryStore;
+    let provider = Provider::new(Answer::HangThen(60_000, true));
+    let store = Arc::new(MemoryStore::new(1));
+    let layer = BreakerLayer::new().with_store(store.clone());
+    let handle = layer.handle();
+    let mut svc = layer.layer(provider.service());
+    // Key "busy" fills the store and stays in flight.
+    let busy = svc.ready().await.expect("ready").call(req_for("busy"));
+    let busy = tokio::spawn(busy);
+    tokio::task::yield_now().await;
+    provider.set(Answer::Status(503));
+    for _ in 0..8 {
+        let failure = svc
+            .ready()
+            .await
+            .expect("ready")
+            .call(req_for("extra"))
+            .await
+            .expect_err("503");
+        assert!(!failure.is_circuit_open());
+    }
+    assert_eq!(provider.calls(), 9);
+    assert_eq!(store.len(), 1);
+    assert!(handle.get(&BreakerKey::new("extra", "m")).is_none());
+    busy.abort();
+}

@@ -44,8 +44,9 @@ pin_project! {
     pub struct Bounded<F> {
         #[pin]
         inner: Option<F>,
-        #[pin]
-        sleep: Option<Sleep>,
+        // Boxed: armed only when `inner` is pending (a real network call),
+        // and the future stays small when it is not (an answer at once).
+        sleep: Option<Pin<Box<Sleep>>>,
         until: Instant,
         expired: bool,
     }
@@ -99,12 +100,10 @@ impl<F: Future> Future for Bounded<F> {
             this.inner.set(None);
             return Poll::Ready(Some(output));
         }
-        if this.sleep.is_none() {
-            this.sleep.set(Some(sleep_until(*this.until)));
-        }
-        if let Some(sleep) = this.sleep.as_mut().as_pin_mut() {
-            ready!(sleep.poll(cx));
-        }
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(sleep_until(*this.until)));
+        ready!(sleep.as_mut().poll(cx));
         *this.expired = true;
         Poll::Ready(None)
     }
