@@ -314,7 +314,8 @@ impl AttemptLog {
     /// if this call created it (the caller is then its owner and must attach
     /// it when the call ends), `None` if an outer layer already owns one.
     pub fn install(extensions: &mut Extensions) -> Option<AttemptLog> {
-        if AttemptLog::of(extensions).is_some() {
+        // A fresh request has no extensions: nothing to look up.
+        if !extensions.is_empty() && AttemptLog::of(extensions).is_some() {
             return None;
         }
         let log = AttemptLog::new();
@@ -324,10 +325,7 @@ impl AttemptLog {
 
     /// The log in `extensions`, if any.
     pub fn of(extensions: &Extensions) -> Option<&AttemptLog> {
-        match crate::call_state::CallState::of(extensions).and_then(|s| s.log.as_ref()) {
-            Some(log) => Some(log),
-            None => extensions.get::<AttemptLog>(),
-        }
+        crate::call_state::CallState::read(extensions, |s| s.log.as_ref())
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<AttemptRecord>> {

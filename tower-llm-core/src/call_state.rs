@@ -13,7 +13,7 @@
 
 use http::Extensions;
 
-use crate::{AttemptLog, Deadline, Link};
+use crate::{AttemptLog, Deadline, HasExtensions, Link};
 
 /// The per-call state (see the [module docs](self)).
 #[derive(Debug, Clone, Default)]
@@ -33,6 +33,64 @@ impl CallState {
     pub(crate) fn of_mut(extensions: &mut Extensions) -> &mut CallState {
         extensions.get_or_insert_default::<CallState>()
     }
+
+    /// A field of the call state, else (for compatibility) a value of that
+    /// type inserted into `extensions` directly; the second lookup is made
+    /// only when `extensions` holds entries other than the call state.
+    pub(crate) fn read<'a, T: Send + Sync + 'static>(
+        extensions: &'a Extensions,
+        field: impl FnOnce(&'a CallState) -> Option<&'a T>,
+    ) -> Option<&'a T> {
+        let state = CallState::of(extensions);
+        if let Some(value) = state.and_then(field) {
+            return Some(value);
+        }
+        if extensions.len() > usize::from(state.is_some()) {
+            extensions.get::<T>()
+        } else {
+            None
+        }
+    }
+}
+
+/// The per-call state of a request as the layers read it, found with one
+/// map lookup. Not for general use: [`Deadline::of`](crate::Deadline::of),
+/// [`AttemptLog::of`] and [`Link::of`] read the same.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct CallView<'a> {
+    /// The call's deadline.
+    pub deadline: Option<Deadline>,
+    /// The call's attempt log.
+    pub log: Option<&'a AttemptLog>,
+    /// The link being tried.
+    pub link: Option<&'a Link>,
+    /// The number of the attempt this request copy is for (at least 1).
+    pub attempt: u8,
+}
+
+impl<'a> CallView<'a> {
+    /// The view of `extensions`.
+    pub fn of(extensions: &'a Extensions) -> Self {
+        let state = CallState::of(extensions);
+        // Entries other than the call state: only then can a deadline, log
+        // or link have been inserted directly.
+        let others = extensions.len() > usize::from(state.is_some());
+        CallView {
+            deadline: state.and_then(|s| s.deadline).or_else(|| {
+                others
+                    .then(|| extensions.get::<Deadline>().copied())
+                    .flatten()
+            }),
+            log: state
+                .and_then(|s| s.log.as_ref())
+                .or_else(|| others.then(|| extensions.get::<AttemptLog>()).flatten()),
+            link: state
+                .and_then(|s| s.link.as_ref())
+                .or_else(|| others.then(|| extensions.get::<Link>()).flatten()),
+            attempt: state.map_or(1, |s| s.attempt.max(1)),
+        }
+    }
 }
 
 /// The number of the attempt a request copy is for, as set by the retry
@@ -48,4 +106,89 @@ pub fn attempt_number(extensions: &Extensions) -> u8 {
 #[doc(hidden)]
 pub fn set_attempt_number(extensions: &mut Extensions, number: u8) {
     CallState::of_mut(extensions).attempt = number;
+}
+
+/// A request copy for a later attempt or link, made by [`replay_copy`]:
+/// the copy, and the per-call state it must carry once it is used.
+///
+/// Not for general use: the retry and fallback layers use it.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct ReplayCopy<Req> {
+    /// The copy. Without its per-call state until [`attach`](Self::attach)
+    /// (or [`into_request`](Self::into_request)) puts it back.
+    pub request: Req,
+    detached: Option<CallState>,
+}
+
+impl<Req: HasExtensions> ReplayCopy<Req> {
+    /// A request that carries all its state already.
+    pub fn whole(request: Req) -> Self {
+        ReplayCopy {
+            request,
+            detached: None,
+        }
+    }
+
+    /// Gives the copy its per-call state, if it was made without it (at
+    /// most once; later calls do nothing).
+    pub fn attach(&mut self) {
+        if let Some(state) = self.detached.take() {
+            self.request.extensions_mut().insert(state);
+        }
+    }
+
+    /// The copy, with its per-call state.
+    pub fn into_request(mut self) -> Req {
+        self.attach();
+        self.request
+    }
+
+    /// The copy, with its per-call state, as a second copy of it (`self`
+    /// keeps its own).
+    pub fn to_request(&mut self) -> Req
+    where
+        Req: Clone,
+    {
+        self.attach();
+        self.request.clone()
+    }
+}
+
+/// Copies `req` to send again later (the retry layer's next attempt, the
+/// fallback layer's next link).
+///
+/// When tower-llm's per-call state is the request's only extension (a
+/// request that arrived without extensions), the copy is made without the
+/// extension map: in `http` 1.x copying that map costs three allocations
+/// (the map, its table, the entry), and on the success path the copy is
+/// never used. The state (reference counts, no allocation) is kept beside
+/// the copy and put back by [`ReplayCopy::attach`] when the copy is used.
+/// Otherwise the copy is a plain `clone`, with every extension.
+#[doc(hidden)]
+pub fn replay_copy<Req: Clone + HasExtensions>(req: &mut Req) -> ReplayCopy<Req> {
+    let extensions = req.extensions_mut();
+    if extensions.len() == 1 {
+        if let Some(state) = CallState::of(extensions).cloned() {
+            let map = std::mem::take(extensions);
+            let request = req.clone();
+            *req.extensions_mut() = map;
+            return ReplayCopy {
+                request,
+                detached: Some(state),
+            };
+        }
+    }
+    ReplayCopy {
+        request: req.clone(),
+        detached: None,
+    }
+}
+
+/// `true` when the request is marked [`NotReplayable`](crate::NotReplayable).
+#[doc(hidden)]
+pub fn is_not_replayable(extensions: &Extensions) -> bool {
+    // One entry that is the call state: nothing else to look up.
+    let ours = usize::from(CallState::of(extensions).is_some());
+    extensions.len() > ours && extensions.get::<crate::NotReplayable>().is_some()
 }

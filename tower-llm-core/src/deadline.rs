@@ -79,9 +79,7 @@ impl Deadline {
 
     /// The deadline stored in `extensions`, if any.
     pub fn of(extensions: &Extensions) -> Option<Self> {
-        crate::call_state::CallState::of(extensions)
-            .and_then(|s| s.deadline)
-            .or_else(|| extensions.get::<Deadline>().copied())
+        crate::call_state::CallState::read(extensions, |s| s.deadline.as_ref()).copied()
     }
 
     /// The time left of the deadline stored in `extensions`, if any.

@@ -65,7 +65,9 @@ pub use attempt::{
 };
 pub use bounded::Bounded;
 #[doc(hidden)]
-pub use call_state::{attempt_number, set_attempt_number};
+pub use call_state::{
+    CallView, ReplayCopy, attempt_number, is_not_replayable, replay_copy, set_attempt_number,
+};
 pub use chat::{
     ChatChunk, ChatRequest, ChatResponse, Choice, ContentPart, FinishReason, Message, Role, Tool,
     ToolCall, ToolCallDelta, ToolChoice, Usage,

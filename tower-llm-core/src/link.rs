@@ -72,10 +72,7 @@ impl Link {
     /// The link stored in `extensions` (by [`store`](Self::store), or
     /// inserted directly), if any.
     pub fn of(extensions: &Extensions) -> Option<&Link> {
-        match crate::call_state::CallState::of(extensions).and_then(|s| s.link.as_ref()) {
-            Some(link) => Some(link),
-            None => extensions.get::<Link>(),
-        }
+        crate::call_state::CallState::read(extensions, |s| s.link.as_ref())
     }
 
     /// Stores this link in `extensions` (replacing one stored before), with

@@ -10,7 +10,7 @@ use tower::ServiceExt;
 use tower::util::Oneshot;
 use tower_llm_core::{
     AttemptLog, AttemptOutcome, AttemptRecord, BoxError, CallOwner, Classified, Classify, Deadline,
-    Failure, FailureClass, HasExtensions, NextStep, Outcome, RecordsAttempts,
+    Failure, FailureClass, HasExtensions, NextStep, Outcome, RecordsAttempts, ReplayCopy,
 };
 
 use crate::LinkService;
@@ -41,8 +41,9 @@ pin_project! {
         #[pin]
         state: State<PF, Oneshot<LinkService<Req, Res>, Req>>,
         chain: Arc<Chain<Req, Res, C>>,
-        // A clean copy of the request for the alternates.
-        pristine: Option<Req>,
+        // A clean copy of the request for the alternates (its per-call
+        // state attached when the call first fails over).
+        pristine: Option<ReplayCopy<Req>>,
         // The link running now, or the last one tried.
         index: usize,
         need: Need,
@@ -81,7 +82,7 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
     fn new(
         state: State<PF, Oneshot<LinkService<Req, Res>, Req>>,
         chain: Arc<Chain<Req, Res, C>>,
-        pristine: Option<Req>,
+        pristine: Option<ReplayCopy<Req>>,
         replayable: bool,
         owned: Option<CallOwner>,
     ) -> Self {
@@ -106,7 +107,7 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
     pub(crate) fn primary(
         fut: PF,
         chain: Arc<Chain<Req, Res, C>>,
-        pristine: Option<Req>,
+        pristine: Option<ReplayCopy<Req>>,
         owned: Option<CallOwner>,
     ) -> Self {
         Self::new(State::Primary { fut }, chain, pristine, true, owned)
@@ -121,7 +122,13 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
         owned: Option<CallOwner>,
     ) -> Self {
         record_skip(&req, &chain.primary.link);
-        Self::new(State::Next, chain, Some(req), replayable, owned)
+        Self::new(
+            State::Next,
+            chain,
+            Some(ReplayCopy::whole(req)),
+            replayable,
+            owned,
+        )
     }
 }
 
@@ -162,17 +169,20 @@ where
                         .with_message("fallback future polled after completion")));
                 }
                 StateProj::Next => {
+                    if let Some(p) = this.pristine.as_mut() {
+                        p.attach();
+                    }
                     // The record of the link being left, found before any
                     // skip records are added after it.
                     let leaving = this.pristine.as_ref().and_then(|p| {
-                        let log = AttemptLog::of(p.extensions())?;
+                        let log = AttemptLog::of(p.request.extensions())?;
                         let from = u8::try_from(*this.index).ok()?;
                         log.last_index_for(from).map(|i| (log.clone(), i))
                     });
                     let order = this.order.get_or_insert_with(|| this.chain.order());
                     let next = next_link(
                         this.chain,
-                        this.pristine.as_ref(),
+                        this.pristine.as_ref().map(|p| &p.request),
                         order,
                         this.cursor,
                         *this.need,
@@ -204,9 +214,9 @@ where
                     };
                     let (spec, service) = &this.chain.alternates[j - 1];
                     let req = if *this.replayable {
-                        this.pristine.clone()
+                        this.pristine.as_mut().map(ReplayCopy::to_request)
                     } else {
-                        this.pristine.take()
+                        this.pristine.take().map(ReplayCopy::into_request)
                     };
                     let Some(mut req) = req else {
                         unreachable_state(&mut this.state);

@@ -2,7 +2,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tower_llm_core::{
-    BoxError, CallOwner, Classify, Failure, HasExtensions, NotReplayable, RecordsAttempts,
+    BoxError, CallOwner, Classify, Failure, HasExtensions, RecordsAttempts, is_not_replayable,
+    replay_copy,
 };
 use tower_service::Service;
 
@@ -83,11 +84,11 @@ where
         let _span = owned.as_ref().map(|o| o.span().enter());
         // Keep a clean copy for the alternates, unless the request cannot
         // be sent twice.
-        let replayable = req.extensions().get::<NotReplayable>().is_none();
+        let replayable = !is_not_replayable(req.extensions());
         let pristine = if chain.alternates.is_empty() || !replayable {
             None
         } else {
-            Some(req.clone())
+            Some(replay_copy(&mut req))
         };
         if chain.primary.admits(&req) {
             chain.primary.prepare(&mut req);
@@ -96,7 +97,9 @@ where
             ResponseFuture::primary(fut, chain, pristine, owned)
         } else {
             drop(_span);
-            ResponseFuture::primary_skipped(chain, pristine.unwrap_or(req), replayable, owned)
+            // The request is as the copy is (nothing was prepared).
+            drop(pristine);
+            ResponseFuture::primary_skipped(chain, req, replayable, owned)
         }
     }
 }

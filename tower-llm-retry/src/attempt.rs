@@ -10,8 +10,8 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_llm_core::{
-    AttemptLog, AttemptOutcome, AttemptRecord, Bounded, BoxError, Classify, Deadline, Failure,
-    FailureClass, HasExtensions, Link, Outcome,
+    AttemptLog, AttemptOutcome, AttemptRecord, Bounded, BoxError, CallView, Classify, Deadline,
+    Failure, FailureClass, HasExtensions, Outcome,
 };
 use tower_service::Service;
 
@@ -115,8 +115,8 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let shared = &*self.shared;
         let start = Instant::now();
-        let ext = req.extensions();
-        let deadline = Deadline::of(ext).map(Deadline::instant);
+        let call = CallView::of(req.extensions());
+        let deadline = call.deadline.map(Deadline::instant);
         let timeout_at = start
             .checked_add(shared.attempt_timeout)
             .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365));
@@ -139,8 +139,8 @@ where
             fut.early = Some(Failure::deadline_exceeded());
             return fut;
         }
-        let link = Link::of(ext).unwrap_or(&shared.link);
-        let number = tower_llm_core::attempt_number(ext);
+        let link = call.link.unwrap_or(&shared.link);
+        let number = call.attempt;
         fut.span = tracing::info_span!(
             "llm.attempt",
             provider = link.provider(),
@@ -150,7 +150,7 @@ where
             outcome = tracing::field::Empty,
             http_status = tracing::field::Empty,
         );
-        if let Some(log) = AttemptLog::of(ext) {
+        if let Some(log) = call.log {
             let record = AttemptRecord::new(link, number, AttemptOutcome::InFlight, Duration::ZERO);
             match log.begin(record) {
                 Ok(index) => fut.record = Some((log.clone(), index)),

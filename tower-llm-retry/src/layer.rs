@@ -167,7 +167,8 @@ impl<S, C: Clone> Layer<S> for RetryLayer<C> {
 
     fn layer(&self, inner: S) -> Self::Service {
         Retry::new(
-            tower::retry::Retry::new(self.policy(), self.attempt_layer().layer(inner)),
+            self.policy(),
+            self.attempt_layer().layer(inner),
             self.shared.metrics.clone(),
         )
     }

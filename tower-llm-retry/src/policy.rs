@@ -6,8 +6,8 @@ use std::time::Duration;
 use tokio::time::Sleep;
 use tower::retry::Policy;
 use tower_llm_core::{
-    AttemptLog, Classify, Deadline, Failure, FailurePolicy, HasExtensions, Link, NextStep,
-    NotReplayable, Outcome, RetryStop,
+    CallView, Classify, Deadline, Failure, FailurePolicy, HasExtensions, Link, NextStep, Outcome,
+    RetryStop, is_not_replayable,
 };
 
 use crate::{Backoff, Budget, RandomSource, RetryBudget, SplitMix64};
@@ -99,10 +99,10 @@ impl<C> RetryPolicy<C> {
     /// Marks the record of the attempt just made, if it is the latest one
     /// (an attempt refused by the attempts cap left no record).
     fn mark(&self, req: &impl HasExtensions, f: impl FnOnce(&mut tower_llm_core::AttemptRecord)) {
-        let ext = req.extensions();
-        if let Some(log) = AttemptLog::of(ext) {
+        let call = CallView::of(req.extensions());
+        if let Some(log) = call.log {
             let attempt = self.attempts;
-            let position = Link::of(ext).unwrap_or(&self.shared.link).position();
+            let position = call.link.unwrap_or(&self.shared.link).position();
             log.update_last(|r| {
                 if r.attempt == attempt && r.fallback_position == position {
                     f(r);
@@ -117,14 +117,20 @@ impl<C> RetryPolicy<C> {
     }
 }
 
-impl<C, Req, Res> Policy<Req, Res, Failure> for RetryPolicy<C>
-where
-    C: Classify<Res, Failure>,
-    Req: Clone + HasExtensions,
-{
-    type Future = Sleep;
-
-    fn retry(&mut self, req: &mut Req, result: &mut Result<Res, Failure>) -> Option<Sleep> {
+impl<C> RetryPolicy<C> {
+    /// The decision after an attempt: `None` to return `result`, or the
+    /// wait before the next attempt. `req` gives the request copy for the
+    /// next attempt; it is asked for only when the attempt failed, so a
+    /// success never touches the copy.
+    pub(crate) fn decide<'r, Req, Res>(
+        &mut self,
+        result: &mut Result<Res, Failure>,
+        req: impl FnOnce() -> &'r mut Req,
+    ) -> Option<Sleep>
+    where
+        C: Classify<Res, Failure>,
+        Req: HasExtensions + 'r,
+    {
         let shared = &*self.shared;
         if self.attempts == 0 {
             shared.budget.deposit();
@@ -134,6 +140,7 @@ where
             Outcome::Success { .. } => return None,
             Outcome::Failure(failed) => failed,
         };
+        let req = req();
         if !shared.failures.disposition(&failed).retry {
             return self.stop(req, RetryStop::NotRetryable);
         }
@@ -164,9 +171,21 @@ where
         tower_llm_core::set_attempt_number(req.extensions_mut(), self.attempts.saturating_add(1));
         Some(tokio::time::sleep(delay))
     }
+}
+
+impl<C, Req, Res> Policy<Req, Res, Failure> for RetryPolicy<C>
+where
+    C: Classify<Res, Failure>,
+    Req: Clone + HasExtensions,
+{
+    type Future = Sleep;
+
+    fn retry(&mut self, req: &mut Req, result: &mut Result<Res, Failure>) -> Option<Sleep> {
+        self.decide(result, || req)
+    }
 
     fn clone_request(&mut self, req: &Req) -> Option<Req> {
-        if req.extensions().get::<NotReplayable>().is_some() {
+        if is_not_replayable(req.extensions()) {
             return None;
         }
         Some(req.clone())

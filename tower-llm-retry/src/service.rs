@@ -2,53 +2,58 @@ use std::task::{Context, Poll};
 
 use tower_llm_core::{
     BoxError, CallOwner, Classify, Failure, HasExtensions, Metrics, RecordsAttempts,
+    is_not_replayable, replay_copy,
 };
 use tower_service::Service;
 
 use crate::{Attempt, ResponseFuture, RetryPolicy};
 
-/// The service built by [`RetryLayer`](crate::RetryLayer): tower's own
-/// `Retry` driven by a [`RetryPolicy`], around an [`Attempt`] per try.
+/// The service built by [`RetryLayer`](crate::RetryLayer): the retry
+/// loop of `tower::retry::Retry`, driven by a [`RetryPolicy`], around an
+/// [`Attempt`] per try.
 ///
 /// It also owns the call (its [`AttemptLog`](tower_llm_core::AttemptLog),
 /// metrics and span) when no outer tower-llm layer does, and then attaches
 /// the records to the response or the error.
 #[derive(Debug)]
 pub struct Retry<S, C> {
-    inner: tower::retry::Retry<RetryPolicy<C>, Attempt<S, C>>,
+    policy: RetryPolicy<C>,
+    attempt: Attempt<S, C>,
     metrics: Metrics,
 }
 
 impl<S: Clone, C> Clone for Retry<S, C> {
     fn clone(&self) -> Self {
         Retry {
-            inner: self.inner.clone(),
+            policy: self.policy.clone(),
+            attempt: self.attempt.clone(),
             metrics: self.metrics.clone(),
         }
     }
 }
 
 impl<S, C> Retry<S, C> {
-    pub(crate) fn new(
-        inner: tower::retry::Retry<RetryPolicy<C>, Attempt<S, C>>,
-        metrics: Metrics,
-    ) -> Self {
-        Retry { inner, metrics }
+    pub(crate) fn new(policy: RetryPolicy<C>, attempt: Attempt<S, C>, metrics: Metrics) -> Self {
+        Retry {
+            policy,
+            attempt,
+            metrics,
+        }
     }
 
     /// The wrapped service.
     pub fn get_ref(&self) -> &S {
-        self.inner.get_ref().get_ref()
+        self.attempt.get_ref()
     }
 
     /// The wrapped service, mutably.
     pub fn get_mut(&mut self) -> &mut S {
-        self.inner.get_mut().get_mut()
+        self.attempt.get_mut()
     }
 
     /// Unwraps the inner service.
     pub fn into_inner(self) -> S {
-        self.inner.into_inner().into_inner()
+        self.attempt.into_inner()
     }
 }
 
@@ -62,20 +67,23 @@ where
 {
     type Response = S::Response;
     type Error = Failure;
-    type Future =
-        ResponseFuture<tower::retry::future::ResponseFuture<RetryPolicy<C>, Attempt<S, C>, Req>>;
+    type Future = ResponseFuture<S, C, Req>;
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        self.attempt.poll_ready(cx)
     }
 
     fn call(&mut self, mut req: Req) -> Self::Future {
-        // Before tower's Retry keeps its copy, so every copy shares the log.
+        // Before the copy is made, so every copy shares the log.
         let owner = CallOwner::install(req.extensions_mut(), &self.metrics);
-        let _span = owner.as_ref().map(|o| o.span().enter());
-        let fut = self.inner.call(req);
-        drop(_span);
-        ResponseFuture::new(fut, owner)
+        let span = owner.as_ref().map(|o| o.span().clone());
+        let _entered = span.as_ref().map(tracing::Span::enter);
+        let copy = (!is_not_replayable(req.extensions())).then(|| replay_copy(&mut req));
+        let fut = self.attempt.call(req);
+        // As tower's `Retry` does: the future keeps a clone of the service
+        // for later attempts (made ready again before each), and this one,
+        // with whatever it learnt serving the call, serves the next call.
+        ResponseFuture::new(fut, copy, self.policy.clone(), self.attempt.clone(), owner)
     }
 }
