@@ -129,12 +129,49 @@ where
     best
 }
 
+/// `STACK_PROFILE=variant:calls`: makes `calls` calls of one variant and
+/// exits, for `valgrind --tool=callgrind` (see `scripts/instructions.py`).
+fn profile_only() {
+    let Ok(spec) = std::env::var("STACK_PROFILE") else {
+        return;
+    };
+    let (variant, calls) = spec.split_once(':').unwrap_or((&spec, "1000"));
+    let calls: usize = calls.parse().expect("STACK_PROFILE=variant:calls");
+    fn run<S>(mut svc: S, calls: usize)
+    where
+        S: Service<Req, Response = Res>,
+    {
+        for _ in 0..calls {
+            black_box(call(&mut svc));
+        }
+    }
+    match variant {
+        "bare" => run(bare(), calls),
+        "healthy" => run(ours().0, calls),
+        "open" => {
+            let (mut svc, breaker) = ours();
+            call(&mut svc);
+            assert!(
+                breaker
+                    .handle()
+                    .isolate(&BreakerKey::new("openai", "gpt-4o"))
+            );
+            run(svc, calls);
+        }
+        "tower" => run(tower_peer(), calls),
+        "resilience" => run(resilience_peer(), calls),
+        other => panic!("unknown variant {other}: bare, healthy, open, tower, resilience"),
+    }
+    std::process::exit(0);
+}
+
 fn bench(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .expect("runtime");
     let _guard = rt.enter();
+    profile_only();
 
     let mut plain = bare();
     let (mut healthy, _) = ours();

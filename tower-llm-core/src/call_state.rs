@@ -192,3 +192,86 @@ pub fn is_not_replayable(extensions: &Extensions) -> bool {
     let ours = usize::from(CallState::of(extensions).is_some());
     extensions.len() > ours && extensions.get::<crate::NotReplayable>().is_some()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn request() -> http::Request<()> {
+        let mut req = http::Request::new(());
+        Deadline::after(Duration::from_secs(5)).store(req.extensions_mut());
+        AttemptLog::install(req.extensions_mut()).expect("owner");
+        Link::new("openai", "gpt-4o").store(req.extensions_mut());
+        req
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_copy_of_a_request_with_only_the_call_state_carries_it_once_used() {
+        let mut req = request();
+        let mut copy = replay_copy(&mut req);
+        // The original is untouched; the copy has no map until it is used.
+        assert_eq!(req.extensions().len(), 1);
+        assert!(Link::of(req.extensions()).is_some());
+        assert!(copy.request.extensions().is_empty());
+        copy.attach();
+        let (a, b) = (
+            CallView::of(req.extensions()),
+            CallView::of(copy.request.extensions()),
+        );
+        assert_eq!(a.deadline, b.deadline);
+        assert_eq!(a.link, b.link);
+        let (Some(la), Some(lb)) = (a.log, b.log) else {
+            panic!("both carry the log");
+        };
+        la.push(crate::AttemptRecord::new(
+            &Link::new("openai", "gpt-4o"),
+            1,
+            crate::AttemptOutcome::Succeeded,
+            Duration::ZERO,
+        ))
+        .expect("room");
+        assert_eq!(lb.len(), 1, "one log, shared");
+        let link = b.link.cloned();
+        // Attaching twice changes nothing; a second copy carries it too.
+        copy.attach();
+        let again = copy.to_request();
+        assert_eq!(CallView::of(again.extensions()).link, link.as_ref());
+    }
+
+    #[derive(Clone, Debug, PartialEq)]
+    struct Tenant(&'static str);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_copy_of_a_request_with_other_extensions_is_a_plain_clone() {
+        let mut req = request();
+        req.extensions_mut().insert(Tenant("acme"));
+        let copy = replay_copy(&mut req);
+        assert_eq!(copy.request.extensions().get(), Some(&Tenant("acme")));
+        assert!(Link::of(copy.request.extensions()).is_some());
+        assert_eq!(req.extensions().len(), 2);
+        assert_eq!(copy.into_request().extensions().len(), 2);
+    }
+
+    #[test]
+    fn not_replayable_is_found_beside_the_call_state() {
+        let mut ext = Extensions::new();
+        assert!(!is_not_replayable(&ext));
+        Link::new("a", "b").store(&mut ext);
+        assert!(!is_not_replayable(&ext));
+        ext.insert(crate::NotReplayable);
+        assert!(is_not_replayable(&ext));
+    }
+
+    #[test]
+    fn values_inserted_directly_are_still_read() {
+        let mut ext = Extensions::new();
+        ext.insert(Link::new("direct", "m"));
+        assert_eq!(Link::of(&ext).map(Link::provider), Some("direct"));
+        CallState::of_mut(&mut ext).attempt = 2;
+        let view = CallView::of(&ext);
+        assert_eq!(view.link.map(Link::provider), Some("direct"));
+        assert_eq!(view.attempt, 2);
+    }
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Instructions and heap allocations per call of the stack bench's variants,
+counted by valgrind (deterministic: unlike nanoseconds on a shared VM, the
+figures do not move between runs).
+
+    python3 scripts/instructions.py
+
+Builds `benches/stack.rs` (release), then runs each variant under
+`valgrind --tool=callgrind` twice, with N and 2N calls; the difference
+divided by N is the cost of one call, free of start-up. Needs valgrind
+(`apt-get install -y valgrind`); this script does not install it.
+"""
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+VARIANTS = [
+    ("bare", "bare service"),
+    ("tower", "tower::timeout + tower::retry"),
+    ("resilience", "tower-resilience limiter + retry + breaker"),
+    ("healthy", "tower-llm full stack, healthy"),
+    ("open", "tower-llm full stack, primary circuit open"),
+]
+N = 1000
+
+
+def bench_binary(root):
+    out = subprocess.run(
+        ["cargo", "bench", "--bench", "stack", "--no-run", "--message-format=json"],
+        cwd=root, check=True, capture_output=True, text=True,
+    ).stdout
+    for line in out.splitlines():
+        m = re.search(r'"executable":"([^"]+/stack-[0-9a-f]+)"', line)
+        if m:
+            return m.group(1)
+    sys.exit("could not find the stack bench binary")
+
+
+def instructions(binary, variant, calls, tmp):
+    out = os.path.join(tmp, f"cg.{variant}.{calls}")
+    env = dict(os.environ, STACK_PROFILE=f"{variant}:{calls}")
+    subprocess.run(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary, "--bench"],
+        env=env, check=True, capture_output=True,
+    )
+    with open(out) as f:
+        for line in f:
+            if line.startswith("summary:") or line.startswith("totals:"):
+                return int(line.split()[1])
+    sys.exit(f"no totals in {out}")
+
+
+def main():
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind is not installed (apt-get install -y valgrind)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    binary = bench_binary(root)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = []
+        for variant, name in VARIANTS:
+            one = instructions(binary, variant, N, tmp)
+            two = instructions(binary, variant, 2 * N, tmp)
+            rows.append((name, (two - one) / N))
+    bare = rows[0][1]
+    print(f"instructions per call (valgrind callgrind, {N} vs {2 * N} calls):")
+    for name, per_call in rows:
+        print(f"  {name:<44} {per_call:>7,.0f}  (+{per_call - bare:,.0f} over bare)")
+
+
+if __name__ == "__main__":
+    main()
