@@ -70,6 +70,15 @@ pub struct CallView<'a> {
 }
 
 impl<'a> CallView<'a> {
+    fn of_state(state: &'a CallState) -> Self {
+        CallView {
+            deadline: state.deadline,
+            log: state.log.as_ref(),
+            link: state.link.as_ref(),
+            attempt: state.attempt.max(1),
+        }
+    }
+
     /// The view of `extensions`.
     pub fn of(extensions: &'a Extensions) -> Self {
         let state = CallState::of(extensions);
@@ -144,14 +153,25 @@ impl<Req: HasExtensions> ReplayCopy<Req> {
         self.request
     }
 
-    /// The copy, with its per-call state, as a second copy of it (`self`
-    /// keeps its own).
-    pub fn to_request(&mut self) -> Req
+    /// A copy of the copy, with its per-call state (`self` keeps its own,
+    /// still detached if it was).
+    pub fn to_request(&self) -> Req
     where
         Req: Clone,
     {
-        self.attach();
-        self.request.clone()
+        let mut request = self.request.clone();
+        if let Some(state) = &self.detached {
+            request.extensions_mut().insert(state.clone());
+        }
+        request
+    }
+
+    /// The per-call state the copy carries, attached or not.
+    pub fn view(&self) -> CallView<'_> {
+        match &self.detached {
+            Some(state) => CallView::of_state(state),
+            None => CallView::of(self.request.extensions()),
+        }
     }
 }
 

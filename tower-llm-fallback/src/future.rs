@@ -121,7 +121,7 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
         replayable: bool,
         owned: Option<CallOwner>,
     ) -> Self {
-        record_skip(&req, &chain.primary.link);
+        record_skip(AttemptLog::of(req.extensions()), &chain.primary.link);
         Self::new(
             State::Next,
             chain,
@@ -132,8 +132,8 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
     }
 }
 
-fn record_skip<Req: HasExtensions>(req: &Req, link: &tower_llm_core::Link) {
-    if let Some(log) = AttemptLog::of(req.extensions()) {
+fn record_skip(log: Option<&AttemptLog>, link: &tower_llm_core::Link) {
+    if let Some(log) = log {
         // A full log refuses the record; the chain stops at its next step.
         let _ = log.push(AttemptRecord::new(
             link,
@@ -169,20 +169,30 @@ where
                         .with_message("fallback future polled after completion")));
                 }
                 StateProj::Next => {
-                    if let Some(p) = this.pristine.as_mut() {
-                        p.attach();
+                    // An admission rule sees the request as the link would
+                    // (with the call's deadline, log and link); without
+                    // one, the copy stays as it is until a link takes it.
+                    if this
+                        .chain
+                        .alternates
+                        .iter()
+                        .any(|(spec, _)| spec.admit.is_some())
+                    {
+                        if let Some(p) = this.pristine.as_mut() {
+                            p.attach();
+                        }
                     }
                     // The record of the link being left, found before any
                     // skip records are added after it.
                     let leaving = this.pristine.as_ref().and_then(|p| {
-                        let log = AttemptLog::of(p.request.extensions())?;
+                        let log = p.view().log?;
                         let from = u8::try_from(*this.index).ok()?;
                         log.last_index_for(from).map(|i| (log.clone(), i))
                     });
                     let order = this.order.get_or_insert_with(|| this.chain.order());
                     let next = next_link(
                         this.chain,
-                        this.pristine.as_ref().map(|p| &p.request),
+                        this.pristine.as_ref(),
                         order,
                         this.cursor,
                         *this.need,
@@ -214,7 +224,7 @@ where
                     };
                     let (spec, service) = &this.chain.alternates[j - 1];
                     let req = if *this.replayable {
-                        this.pristine.as_mut().map(ReplayCopy::to_request)
+                        this.pristine.as_ref().map(ReplayCopy::to_request)
                     } else {
                         this.pristine.take().map(ReplayCopy::into_request)
                     };
@@ -308,7 +318,7 @@ fn unreachable_state<PF, AF>(state: &mut Pin<&mut State<PF, AF>>) {
 /// chain must stop.
 fn next_link<Req, Res, C>(
     chain: &Chain<Req, Res, C>,
-    pristine: Option<&Req>,
+    pristine: Option<&ReplayCopy<Req>>,
     order: &[usize],
     cursor: &mut usize,
     need: Need,
@@ -317,9 +327,10 @@ where
     Req: HasExtensions,
 {
     // A request that cannot be replayed goes nowhere else.
-    let Some(req) = pristine else {
+    let Some(copy) = pristine else {
         return Ok(None);
     };
+    let call = copy.view();
     while let Some(&j) = order.get(*cursor) {
         *cursor += 1;
         let Some(spec) = chain.spec(j) else {
@@ -333,15 +344,14 @@ where
         if !fits {
             continue;
         }
-        if !spec.admits(req) {
-            record_skip(req, &spec.link);
+        if !spec.admits(&copy.request) {
+            record_skip(call.log, &spec.link);
             continue;
         }
-        let ext = req.extensions();
-        if Deadline::of(ext).is_some_and(Deadline::is_expired) {
+        if call.deadline.is_some_and(Deadline::is_expired) {
             return Err(Failure::deadline_exceeded());
         }
-        if AttemptLog::of(ext).is_some_and(AttemptLog::is_full) {
+        if call.log.is_some_and(AttemptLog::is_full) {
             return Err(Failure::attempts_cap_exceeded());
         }
         return Ok(Some(j));

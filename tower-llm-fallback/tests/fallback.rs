@@ -9,8 +9,8 @@ use tokio::time::Instant;
 use tower::{Layer, ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_breaker::{BreakerKey, BreakerLayer};
 use tower_llm_core::{
-    AttemptOutcome, AttemptStatus, ChatRequest, ChatResponse, Failure, FailureClass, NextStep,
-    NotReplayable, Usage,
+    AttemptOutcome, AttemptStatus, ChatRequest, ChatResponse, Deadline, Failure, FailureClass,
+    NextStep, NotReplayable, Usage,
 };
 use tower_llm_deadline::DeadlineLayer;
 use tower_llm_fallback::{FallbackLayer, LinkSpec};
@@ -551,4 +551,50 @@ async fn a_context_window_failure_with_no_long_context_link_stays_terminal() {
     assert!(err.is_context_window_exceeded());
     assert!(!err.is_all_links_failed());
     assert_eq!(other.calls(), 0);
+}
+
+/// An admission rule sees what the link would see: the call's deadline
+/// (set by the deadline layer outside), on a request that arrived with no
+/// extensions of its own.
+#[tokio::test(start_paused = true)]
+async fn an_admission_rule_sees_the_calls_deadline() {
+    let primary = Provider::new("primary", &[now(503)]);
+    let slow = Provider::new("slow", &[now(200)]);
+    let fast = Provider::new("fast", &[now(200)]);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let rule = {
+        let seen = seen.clone();
+        move |req: &ChatRequest| {
+            let left = Deadline::remaining_in(&req.extensions);
+            seen.lock().expect("lock").push(left);
+            // A slow link only with more than 20 s to go.
+            left.is_some_and(|d| d > Duration::from_secs(20))
+        }
+    };
+    let chain = FallbackLayer::builder(LinkSpec::new("primary", "m"))
+        .or(
+            LinkSpec::new("slow", "m").with_admission(rule),
+            slow.service(),
+        )
+        .or(LinkSpec::new("fast", "m"), fast.service())
+        .build()
+        .expect("chain");
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(10)))
+        .layer(chain)
+        .service(primary.service());
+    let res = svc.oneshot(req()).await.expect("fast serves");
+    assert_eq!(res.provider.as_ref(), "fast");
+    assert_eq!(slow.calls(), 0);
+    assert_eq!(
+        *seen.lock().expect("lock"),
+        vec![Some(Duration::from_secs(10))]
+    );
+    let skipped: Vec<_> = res
+        .attempts
+        .iter()
+        .filter(|a| a.status() == AttemptStatus::SkippedByPolicy)
+        .map(|a| &*a.provider)
+        .collect();
+    assert_eq!(skipped, ["slow"]);
 }

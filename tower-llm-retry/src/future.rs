@@ -91,10 +91,7 @@ where
                     let Some(copy) = this.copy.as_mut() else {
                         break result;
                     };
-                    let wait = this.policy.decide(&mut result, || {
-                        copy.attach();
-                        &mut copy.request
-                    });
+                    let wait = this.policy.decide(&mut result, copy);
                     match wait {
                         Some(sleep) => this.state.set(State::Waiting {
                             sleep: Box::pin(sleep),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Sleep;
 use tower::retry::Policy;
 use tower_llm_core::{
-    CallView, Classify, Deadline, Failure, FailurePolicy, HasExtensions, Link, NextStep, Outcome,
+    CallView, Classify, Failure, FailurePolicy, HasExtensions, Link, NextStep, Outcome, ReplayCopy,
     RetryStop, is_not_replayable,
 };
 
@@ -98,8 +98,7 @@ impl<C> RetryPolicy<C> {
 
     /// Marks the record of the attempt just made, if it is the latest one
     /// (an attempt refused by the attempts cap left no record).
-    fn mark(&self, req: &impl HasExtensions, f: impl FnOnce(&mut tower_llm_core::AttemptRecord)) {
-        let call = CallView::of(req.extensions());
+    fn mark(&self, call: &CallView<'_>, f: impl FnOnce(&mut tower_llm_core::AttemptRecord)) {
         if let Some(log) = call.log {
             let attempt = self.attempts;
             let position = call.link.unwrap_or(&self.shared.link).position();
@@ -111,25 +110,57 @@ impl<C> RetryPolicy<C> {
         }
     }
 
-    fn stop<Req: HasExtensions>(&self, req: &Req, why: RetryStop) -> Option<Sleep> {
-        self.mark(req, |r| r.retry_stop = Some(why));
+    fn stop(&self, call: &CallView<'_>, why: RetryStop) -> Option<Sleep> {
+        self.mark(call, |r| r.retry_stop = Some(why));
         None
+    }
+}
+
+/// The request copy a retry decision is about.
+pub(crate) trait Replay {
+    type Req: HasExtensions;
+    /// The copy's per-call state, read without touching the copy.
+    fn view(&self) -> CallView<'_>;
+    /// The copy, ready to be sent (with its per-call state).
+    fn ready(&mut self) -> &mut Self::Req;
+}
+
+/// A request kept whole (tower's `Retry` keeps its copies so).
+struct Whole<'a, Req>(&'a mut Req);
+
+impl<Req: HasExtensions> Replay for Whole<'_, Req> {
+    type Req = Req;
+    fn view(&self) -> CallView<'_> {
+        CallView::of(self.0.extensions())
+    }
+    fn ready(&mut self) -> &mut Req {
+        self.0
+    }
+}
+
+impl<Req: HasExtensions> Replay for ReplayCopy<Req> {
+    type Req = Req;
+    fn view(&self) -> CallView<'_> {
+        ReplayCopy::view(self)
+    }
+    fn ready(&mut self) -> &mut Req {
+        self.attach();
+        &mut self.request
     }
 }
 
 impl<C> RetryPolicy<C> {
     /// The decision after an attempt: `None` to return `result`, or the
-    /// wait before the next attempt. `req` gives the request copy for the
-    /// next attempt; it is asked for only when the attempt failed, so a
-    /// success never touches the copy.
-    pub(crate) fn decide<'r, Req, Res>(
+    /// wait before the next attempt. The copy for the next attempt is
+    /// read only when the attempt failed, and made ready (its per-call
+    /// state attached) only when it will be sent.
+    pub(crate) fn decide<Res>(
         &mut self,
         result: &mut Result<Res, Failure>,
-        req: impl FnOnce() -> &'r mut Req,
+        copy: &mut impl Replay,
     ) -> Option<Sleep>
     where
         C: Classify<Res, Failure>,
-        Req: HasExtensions + 'r,
     {
         let shared = &*self.shared;
         if self.attempts == 0 {
@@ -140,35 +171,36 @@ impl<C> RetryPolicy<C> {
             Outcome::Success { .. } => return None,
             Outcome::Failure(failed) => failed,
         };
-        let req = req();
+        let call = copy.view();
         if !shared.failures.disposition(&failed).retry {
-            return self.stop(req, RetryStop::NotRetryable);
+            return self.stop(&call, RetryStop::NotRetryable);
         }
         if self.attempts >= shared.max_attempts {
-            return self.stop(req, RetryStop::AttemptsExhausted);
+            return self.stop(&call, RetryStop::AttemptsExhausted);
         }
         // Retry-After wins over the schedule.
         let delay = match failed.retry_after {
             Some(wait) if wait > shared.max_retry_after => {
-                return self.stop(req, RetryStop::RetryAfterTooLong);
+                return self.stop(&call, RetryStop::RetryAfterTooLong);
             }
             Some(wait) => wait,
             None => shared
                 .backoff
                 .delay(u32::from(self.attempts - 1), shared.rng.next_fraction()),
         };
-        if let Some(deadline) = Deadline::of(req.extensions()) {
+        if let Some(deadline) = call.deadline {
             // Timers round up to the next millisecond: a wait must leave at
             // least that much for the next attempt to start.
             if delay + TIMER_GRANULARITY >= deadline.remaining() {
-                return self.stop(req, RetryStop::PastDeadline);
+                return self.stop(&call, RetryStop::PastDeadline);
             }
         }
         if !shared.budget.withdraw() {
-            return self.stop(req, RetryStop::BudgetExhausted);
+            return self.stop(&call, RetryStop::BudgetExhausted);
         }
-        self.mark(req, |r| r.next = NextStep::Retried);
-        tower_llm_core::set_attempt_number(req.extensions_mut(), self.attempts.saturating_add(1));
+        self.mark(&call, |r| r.next = NextStep::Retried);
+        let next = self.attempts.saturating_add(1);
+        tower_llm_core::set_attempt_number(copy.ready().extensions_mut(), next);
         Some(tokio::time::sleep(delay))
     }
 }
@@ -181,7 +213,7 @@ where
     type Future = Sleep;
 
     fn retry(&mut self, req: &mut Req, result: &mut Result<Res, Failure>) -> Option<Sleep> {
-        self.decide(result, || req)
+        self.decide(result, &mut Whole(req))
     }
 
     fn clone_request(&mut self, req: &Req) -> Option<Req> {
