@@ -9,7 +9,7 @@ use http::Extensions;
 ///
 /// The fallback layer puts one into the request's extensions for each link
 /// it tries; retry and breaker read it for attempt records, metric labels
-/// and breaker keys. Cloning is two reference-count increments.
+/// and breaker keys. Cloning is one reference-count increment.
 ///
 /// ```
 /// use tower_llm_core::Link;
@@ -20,53 +20,70 @@ use http::Extensions;
 /// assert_eq!(Link::of(&ext), Some(&link));
 /// assert_eq!(link.provider(), "anthropic");
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Link {
+    inner: Arc<Parts>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Parts {
     provider: Arc<str>,
     model: Arc<str>,
     position: u8,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("provider", &self.inner.provider)
+            .field("model", &self.inner.model)
+            .field("position", &self.inner.position)
+            .finish()
+    }
 }
 
 impl Link {
     /// A primary link (position 0).
     pub fn new(provider: impl Into<Arc<str>>, model: impl Into<Arc<str>>) -> Self {
         Link {
-            provider: provider.into(),
-            model: model.into(),
-            position: 0,
+            inner: Arc::new(Parts {
+                provider: provider.into(),
+                model: model.into(),
+                position: 0,
+            }),
         }
     }
 
     /// Sets the position in the fallback chain.
     #[must_use]
     pub fn with_position(mut self, position: u8) -> Self {
-        self.position = position;
+        Arc::make_mut(&mut self.inner).position = position;
         self
     }
 
     /// The provider name, as used in metric labels (for example `"openai"`).
     pub fn provider(&self) -> &str {
-        &self.provider
+        &self.inner.provider
     }
 
     /// The provider name as a shared string (cheap to clone).
     pub fn provider_arc(&self) -> &Arc<str> {
-        &self.provider
+        &self.inner.provider
     }
 
     /// The model id.
     pub fn model(&self) -> &str {
-        &self.model
+        &self.inner.model
     }
 
     /// The model id as a shared string (cheap to clone).
     pub fn model_arc(&self) -> &Arc<str> {
-        &self.model
+        &self.inner.model
     }
 
     /// The position in the fallback chain (0 = primary).
     pub fn position(&self) -> u8 {
-        self.position
+        self.inner.position
     }
 
     /// The link stored in `extensions` (by [`store`](Self::store), or
