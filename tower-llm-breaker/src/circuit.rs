@@ -1,7 +1,7 @@
 //! One circuit: the state machine of one key.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -175,6 +175,9 @@ pub struct Circuit {
     /// Nanoseconds after `origin` of the latest tripping failure.
     last_failure: AtomicU64,
     slow: Mutex<Slow>,
+    /// Set when the store forgets the circuit: a service holding a weak
+    /// reference to it asks the store again.
+    retired: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -242,7 +245,19 @@ impl Circuit {
             open_until: AtomicU64::new(0),
             last_failure: AtomicU64::new(0),
             slow: Mutex::new(Slow::default()),
+            retired: AtomicBool::new(false),
         }
+    }
+
+    /// Marks the circuit as forgotten by its store (see
+    /// [`BreakerStore::circuits_are_stable`](crate::BreakerStore::circuits_are_stable)).
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
+
+    /// `true` once its store has forgotten it.
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
     }
 
     /// The circuit's key.

@@ -1,4 +1,4 @@
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
 use tokio::time::Instant;
@@ -13,12 +13,13 @@ use crate::{BreakerLayer, Circuit, KeyFn, ResponseFuture};
 pub struct Breaker<S, K, C> {
     inner: S,
     shared: Arc<BreakerLayer<K, C>>,
-    /// The circuit of the last key this service served: a call with the
-    /// same key (the usual case, one breaker per link) skips the store's
-    /// hashing and shard lock. Only a circuit the store holds is kept, so
-    /// a circuit the store handed out unstored (it was full) is never
-    /// reused.
-    last: Option<Arc<Circuit>>,
+    /// The circuit of the last key this service served, when the store
+    /// declares its circuits stable: a call with the same key (the usual
+    /// case, one breaker per link) skips the store's hashing and shard
+    /// lock. Weak, so it never keeps the store from forgetting an idle
+    /// circuit; a retired circuit, or one the store handed out without
+    /// keeping it (it was full), is never reused.
+    last: Option<Weak<Circuit>>,
 }
 
 impl<S: Clone, K, C> Clone for Breaker<S, K, C> {
@@ -81,18 +82,18 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let shared = &self.shared;
         let last = &mut self.last;
-        let circuit = shared
-            .key_fn
-            .with_key(&req, &shared.link, |key| match last {
-                Some(c) if c.key().view() == key => c.clone(),
-                _ => {
-                    let c = shared.store.circuit_for(key);
-                    // Held by the store too: stored, so the same circuit for
-                    // this key for as long as anyone holds it.
-                    *last = (Arc::strong_count(&c) > 1).then(|| c.clone());
-                    c
+        let circuit = shared.key_fn.with_key(&req, &shared.link, |key| {
+            if let Some(c) = last.as_ref().and_then(Weak::upgrade) {
+                if c.key().view() == key && !c.is_retired() {
+                    return c;
                 }
-            });
+            }
+            let c = shared.store.circuit_for(key);
+            // Held by the store too (it was not handed out unstored).
+            *last = (Arc::strong_count(&c) > 1 && shared.store.circuits_are_stable())
+                .then(|| Arc::downgrade(&c));
+            c
+        });
         let (admission, transition) = circuit.admit(&shared.config);
         crate::layer::announce(shared.observer.as_ref(), transition.as_ref());
         match admission {

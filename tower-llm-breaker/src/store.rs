@@ -17,13 +17,9 @@ use crate::{BreakerKey, Circuit, KeyView};
 ///
 /// The layer reaches circuits only through this trait, so another store
 /// (for example one that shares open circuits between replicas) can be
-/// plugged in without touching the layer. A store is called whenever a
-/// service meets a key other than its last one: it must not block on I/O.
-///
-/// A store must hand out the same circuit for a key for as long as it holds
-/// that circuit: each breaker service keeps the circuit of the last key it
-/// served (when the store holds it too, by reference count) and reuses it
-/// for the next call with that key without asking the store again.
+/// plugged in without touching the layer. A store is called on every
+/// request (unless it declares its circuits stable): it must not block on
+/// I/O.
 pub trait BreakerStore: Send + Sync + fmt::Debug + 'static {
     /// The circuit of `key`, created closed if there is none.
     fn circuit(&self, key: BreakerKey) -> Arc<Circuit>;
@@ -37,6 +33,16 @@ pub trait BreakerStore: Send + Sync + fmt::Debug + 'static {
     fn find(&self, key: &BreakerKey) -> Option<Arc<Circuit>>;
     /// Every circuit held.
     fn circuits(&self) -> Vec<Arc<Circuit>>;
+    /// `true` lets each breaker service keep a weak reference to the
+    /// circuit of the last key it served and reuse it for the next call
+    /// with that key without asking the store. Return `true` only if the
+    /// store never replaces the circuit of a key it holds, and
+    /// [`retire`](Circuit::retire)s every circuit it forgets (as
+    /// [`MemoryStore`] does). The default is `false`: the store is asked
+    /// on every call.
+    fn circuits_are_stable(&self) -> bool {
+        false
+    }
 }
 
 const SHARDS: usize = 16;
@@ -142,7 +148,14 @@ impl MemoryStore {
         for shard in self.shards.iter() {
             let mut map = shard.write().unwrap_or_else(PoisonError::into_inner);
             let before = map.len();
-            map.retain(|_, c| !(c.is_idle(self.stale_after) && Arc::strong_count(c) == 1));
+            map.retain(|_, c| {
+                let forget = c.is_idle(self.stale_after) && Arc::strong_count(c) == 1;
+                if forget {
+                    // Services holding it weakly ask the store again.
+                    c.retire();
+                }
+                !forget
+            });
             self.len.fetch_sub(before - map.len(), Ordering::Relaxed);
         }
     }
@@ -181,6 +194,11 @@ impl BreakerStore for MemoryStore {
             .unwrap_or_else(PoisonError::into_inner)
             .get(key)
             .cloned()
+    }
+
+    /// A held circuit is never replaced, and a forgotten one is retired.
+    fn circuits_are_stable(&self) -> bool {
+        true
     }
 
     fn circuits(&self) -> Vec<Arc<Circuit>> {

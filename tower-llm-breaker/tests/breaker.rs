@@ -843,3 +843,42 @@ async fn a_circuit_the_full_store_did_not_keep_is_never_reused() {
     assert!(handle.get(&BreakerKey::new("extra", "m")).is_none());
     busy.abort();
 }
+
+/// A service remembers its last key's circuit only weakly: the store still
+/// forgets that circuit once it is idle, and the service then takes the
+/// store's new circuit for the key, the one the handle sees.
+#[tokio::test(start_paused = true)]
+async fn a_services_last_circuit_can_still_be_evicted() {
+    use tower::Service;
+    use tower_llm_breaker::MemoryStore;
+    let provider = Provider::new(Answer::Status(503));
+    let store = Arc::new(MemoryStore::new(1).with_stale_after(Duration::from_secs(10)));
+    let layer = BreakerLayer::new().with_store(store.clone());
+    let handle = layer.handle();
+    let mut svc = layer.layer(provider.service());
+    let _ = svc.ready().await.expect("ready").call(req_for("a")).await;
+    assert!(handle.get(&BreakerKey::new("a", "m")).is_some());
+    // "a"'s failure goes stale; another service's key needs the room.
+    tokio::time::advance(Duration::from_secs(11)).await;
+    provider.set(Answer::Ok);
+    let _ = layer
+        .layer(provider.service())
+        .oneshot(req_for("b"))
+        .await
+        .expect("b serves");
+    assert!(handle.get(&BreakerKey::new("a", "m")).is_none(), "evicted");
+    assert!(handle.get(&BreakerKey::new("b", "m")).is_some());
+    // "a" again through the first service: the store's circuit, not the
+    // forgotten one, counts its failures.
+    tokio::time::advance(Duration::from_secs(11)).await;
+    provider.set(Answer::Status(503));
+    for _ in 0..5 {
+        let _ = svc.ready().await.expect("ready").call(req_for("a")).await;
+    }
+    assert_eq!(
+        state(&handle, &BreakerKey::new("a", "m")),
+        CircuitState::Open
+    );
+    let refused = svc.ready().await.expect("ready").call(req_for("a")).await;
+    assert!(refused.expect_err("open").is_circuit_open());
+}

@@ -12,6 +12,11 @@ use crate::ChatRequest;
 /// [`http::Request`] and on [`ChatRequest`] alike; implement it for your own
 /// request type to use the layers with it.
 ///
+/// When the retry or fallback layer copies a request whose only extension
+/// is tower-llm's own state, it takes the extensions out for the moment of
+/// the `clone` and puts them back after (so the copy costs no extension
+/// map): a `Clone` impl of your own type must not rely on its extensions.
+///
 /// ```
 /// use tower_llm_core::{ChatRequest, HasExtensions, Message};
 ///

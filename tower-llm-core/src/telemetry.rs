@@ -201,6 +201,10 @@ impl Metrics {
         let outcome = CallOutcome::of_call(failure, attempts).as_metric_label();
         let mut made = 0u64;
         let mut previous: Option<&AttemptRecord> = None;
+        // The provider and model labels of the latest timed record, reused
+        // while the link stays the same (one reference count each, not one
+        // per instrument).
+        let mut labels: Option<(&AttemptRecord, [KeyValue; 2])> = None;
         for record in attempts {
             if record.outcome == AttemptOutcome::SkippedByPolicy {
                 continue;
@@ -222,39 +226,40 @@ impl Metrics {
                 // Refused by the breaker: no provider call to time.
                 continue;
             }
-            let provider = KeyValue::new("provider", arc_value(&record.provider));
-            m.latency.record(
-                record.elapsed.as_secs_f64() * 1_000.0,
-                &[
-                    provider.clone(),
-                    KeyValue::new("model", arc_value(&record.model)),
-                ],
-            );
+            if !labels.as_ref().is_some_and(|(r, _)| same_link(r, record)) {
+                labels = Some((record, link_labels(record)));
+            }
+            let Some((_, link)) = &labels else {
+                continue;
+            };
+            m.latency
+                .record(record.elapsed.as_secs_f64() * 1_000.0, link);
             if record.next == NextStep::Retried {
                 let reason = record.retry_reason().map_or("5xx", |r| r.as_metric_label());
                 m.retries
-                    .add(1, &[provider, KeyValue::new("reason", reason)]);
+                    .add(1, &[link[0].clone(), KeyValue::new("reason", reason)]);
             }
         }
-        let (provider, model) = match previous {
-            Some(r) => (arc_value(&r.provider), arc_value(&r.model)),
-            None => (
-                failure
-                    .and_then(Failure::provider)
-                    .map_or(Value::from("unknown"), |p| Value::from(p.to_owned())),
-                failure
-                    .and_then(Failure::model)
-                    .map_or(Value::from("unknown"), |p| Value::from(p.to_owned())),
-            ),
-        };
-        m.calls.add(
-            1,
-            &[
-                KeyValue::new("provider", provider),
-                KeyValue::new("model", model),
-                KeyValue::new("outcome", outcome),
+        let [provider, model] = match (previous, labels) {
+            (Some(last), Some((r, link))) if same_link(r, last) => link,
+            (Some(last), _) => link_labels(last),
+            (None, _) => [
+                KeyValue::new(
+                    "provider",
+                    failure
+                        .and_then(Failure::provider)
+                        .map_or(Value::from("unknown"), |p| Value::from(p.to_owned())),
+                ),
+                KeyValue::new(
+                    "model",
+                    failure
+                        .and_then(Failure::model)
+                        .map_or(Value::from("unknown"), |p| Value::from(p.to_owned())),
+                ),
             ],
-        );
+        };
+        m.calls
+            .add(1, &[provider, model, KeyValue::new("outcome", outcome)]);
         m.attempts_per_call
             .record(made, &[KeyValue::new("final_outcome", outcome)]);
         if failure.is_some_and(Failure::is_deadline_exceeded) {
@@ -382,6 +387,19 @@ impl Drop for CallOwner {
 
 fn arc_value(s: &Arc<str>) -> Value {
     Value::from(s.clone())
+}
+
+/// Two records of the same provider and model (the same link's names).
+fn same_link(a: &AttemptRecord, b: &AttemptRecord) -> bool {
+    Arc::ptr_eq(&a.provider, &b.provider) && Arc::ptr_eq(&a.model, &b.model)
+}
+
+/// The `provider` and `model` labels of a record.
+fn link_labels(record: &AttemptRecord) -> [KeyValue; 2] {
+    [
+        KeyValue::new("provider", arc_value(&record.provider)),
+        KeyValue::new("model", arc_value(&record.model)),
+    ]
 }
 
 impl fmt::Debug for Metrics {

@@ -5,7 +5,8 @@ use std::task::{Context, Poll, ready};
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_llm_core::{
-    BoxError, CallOwner, Classify, Failure, HasExtensions, RecordsAttempts, ReplayCopy, replay_copy,
+    BoxError, CallOwner, Classify, Failure, HasExtensions, RecordsAttempts, ReplayCopy,
+    is_not_replayable, replay_copy,
 };
 use tower_service::Service;
 
@@ -113,7 +114,9 @@ where
                             .with_message("retry future polled after completion"));
                     };
                     let mut req = copy.into_request();
-                    *this.copy = Some(replay_copy(&mut req));
+                    // As tower's loop asks `clone_request` for each copy.
+                    *this.copy =
+                        (!is_not_replayable(req.extensions())).then(|| replay_copy(&mut req));
                     let fut = this.service.call(req);
                     this.state.set(State::Called { fut });
                 }

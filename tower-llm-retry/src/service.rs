@@ -77,10 +77,11 @@ where
     fn call(&mut self, mut req: Req) -> Self::Future {
         // Before the copy is made, so every copy shares the log.
         let owner = CallOwner::install(req.extensions_mut(), &self.metrics);
-        let span = owner.as_ref().map(|o| o.span().clone());
-        let _entered = span.as_ref().map(tracing::Span::enter);
-        let copy = (!is_not_replayable(req.extensions())).then(|| replay_copy(&mut req));
-        let fut = self.attempt.call(req);
+        let (copy, fut) = {
+            let _span = owner.as_ref().map(|o| o.span().enter());
+            let copy = (!is_not_replayable(req.extensions())).then(|| replay_copy(&mut req));
+            (copy, self.attempt.call(req))
+        };
         // As tower's `Retry` does: the future keeps a clone of the service
         // for later attempts (made ready again before each), and this one,
         // with whatever it learnt serving the call, serves the next call.
