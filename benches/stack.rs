@@ -16,6 +16,11 @@
 //! ```text
 //! cargo bench --bench stack
 //! ```
+//!
+//! `STACK_PROFILE=variant:calls` makes only that many calls of one variant
+//! (`bare`, `healthy`, `open`, `tower`, `resilience`, `deadline`,
+//! `deadline+retry`) and exits: `scripts/instructions.py` runs it under
+//! callgrind for instruction counts that do not drift with the VM.
 
 use std::alloc::System;
 use std::hint::black_box;
@@ -159,8 +164,23 @@ fn profile_only() {
             run(svc, calls);
         }
         "tower" => run(tower_peer(), calls),
+        "deadline" => run(
+            ServiceBuilder::new()
+                .llm_deadline(Duration::from_secs(30))
+                .service(bare()),
+            calls,
+        ),
+        "deadline+retry" => run(
+            ServiceBuilder::new()
+                .llm_deadline(Duration::from_secs(30))
+                .llm_retry(RetryLayer::http())
+                .service(bare()),
+            calls,
+        ),
         "resilience" => run(resilience_peer(), calls),
-        other => panic!("unknown variant {other}: bare, healthy, open, tower, resilience"),
+        other => panic!(
+            "unknown variant {other}: bare, healthy, open, tower, resilience, deadline, deadline+retry"
+        ),
     }
     std::process::exit(0);
 }

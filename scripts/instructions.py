@@ -23,6 +23,7 @@ VARIANTS = [
     ("bare", "bare service"),
     ("tower", "tower::timeout + tower::retry"),
     ("resilience", "tower-resilience limiter + retry + breaker"),
+    ("deadline+retry", "tower-llm deadline + retry"),
     ("healthy", "tower-llm full stack, healthy"),
     ("open", "tower-llm full stack, primary circuit open"),
 ]
