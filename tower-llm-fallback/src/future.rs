@@ -14,7 +14,7 @@ use tower_llm_core::{
 };
 
 use crate::LinkService;
-use crate::layer::Chain;
+use crate::layer::{Chain, Order};
 
 /// What the next link must offer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +56,7 @@ pin_project! {
         owned: Option<CallOwner>,
         // The alternates in the order to try them, computed at the first
         // failover, and how far along it the call is.
-        order: Option<Vec<usize>>,
+        order: Option<Order>,
         cursor: usize,
         // When the running alternate started (health-aware ordering only).
         started: Option<Instant>,
@@ -319,7 +319,7 @@ fn unreachable_state<PF, AF>(state: &mut Pin<&mut State<PF, AF>>) {
 fn next_link<Req, Res, C>(
     chain: &Chain<Req, Res, C>,
     pristine: Option<&ReplayCopy<Req>>,
-    order: &[usize],
+    order: &Order,
     cursor: &mut usize,
     need: Need,
 ) -> Result<Option<usize>, Failure>
@@ -331,7 +331,7 @@ where
         return Ok(None);
     };
     let call = copy.view();
-    while let Some(&j) = order.get(*cursor) {
+    while let Some(j) = order.get(*cursor) {
         *cursor += 1;
         let Some(spec) = chain.spec(j) else {
             continue;

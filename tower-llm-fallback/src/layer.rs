@@ -44,13 +44,34 @@ impl<Req, Res, C> Chain<Req, Res, C> {
     /// configured, or, with health-aware ordering, a stable sort by
     /// descending health score (a link with no data scores neutral; none
     /// is dropped). Called only when the call fails over.
-    pub(crate) fn order(&self) -> Vec<usize> {
+    pub(crate) fn order(&self) -> Order {
+        let Some(health) = &self.health else {
+            return Order::Configured(self.len());
+        };
         let mut order: Vec<usize> = (1..self.len()).collect();
-        if let Some(health) = &self.health {
-            let scores: Vec<f64> = health.iter().map(Health::score).collect();
-            order.sort_by(|a, b| scores[*b - 1].total_cmp(&scores[*a - 1]));
+        let scores: Vec<f64> = health.iter().map(Health::score).collect();
+        order.sort_by(|a, b| scores[*b - 1].total_cmp(&scores[*a - 1]));
+        Order::Sorted(order)
+    }
+}
+
+/// The order to try a chain's alternates in.
+#[derive(Debug)]
+pub(crate) enum Order {
+    /// As configured: links 1, 2, ... up to the chain's length (no
+    /// allocation).
+    Configured(usize),
+    /// By health score.
+    Sorted(Vec<usize>),
+}
+
+impl Order {
+    /// The link to try `n`-th (0-based), if any.
+    pub(crate) fn get(&self, n: usize) -> Option<usize> {
+        match self {
+            Order::Configured(len) => n.checked_add(1).filter(|j| j < len),
+            Order::Sorted(order) => order.get(n).copied(),
         }
-        order
     }
 }
 
