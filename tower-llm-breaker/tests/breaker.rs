@@ -370,16 +370,7 @@ async fn one_provider_open_another_serving() {
     let b = Provider::new(Answer::Ok);
     let (layer, handle) = breaker(BreakerConfig::default());
     // One layer (one store) in front of a router by provider name.
-    let (sa, sb) = (a.service(), b.service());
-    let router = service_fn(move |req: ChatRequest| {
-        let to = Link::of(&req.extensions).map(|l| l.provider().to_owned());
-        let svc = if to.as_deref() == Some("a") {
-            sa.clone()
-        } else {
-            sb.clone()
-        };
-        svc.oneshot(req)
-    });
+    let router = route_a_or_b(&a, &b);
     let svc = layer.layer(router);
     for _ in 0..5 {
         let _ = svc.clone().oneshot(req_for("a")).await;
@@ -394,12 +385,25 @@ async fn one_provider_open_another_serving() {
     for _ in 0..3 {
         svc.clone().oneshot(req_for("b")).await.expect("b serves");
     }
+    assert_a_open_b_closed(&handle);
+}
+
+/// Routes requests whose link is provider "a" to `a`, the rest to `b`.
+fn route_a_or_b(a: &Provider, b: &Provider) -> Svc {
+    let (sa, sb) = (a.service(), b.service());
+    BoxCloneService::new(service_fn(move |req: ChatRequest| {
+        let to_a = Link::of(&req.extensions).is_some_and(|l| l.provider() == "a");
+        if to_a { sa.clone() } else { sb.clone() }.oneshot(req)
+    }))
+}
+
+fn assert_a_open_b_closed(handle: &BreakerHandle) {
     assert_eq!(
-        state(&handle, &BreakerKey::new("a", "m")),
+        state(handle, &BreakerKey::new("a", "m")),
         CircuitState::Open
     );
     assert_eq!(
-        state(&handle, &BreakerKey::new("b", "m")),
+        state(handle, &BreakerKey::new("b", "m")),
         CircuitState::Closed
     );
 }
@@ -783,12 +787,7 @@ async fn one_service_alternating_keys_keeps_each_keys_circuit() {
     let a = Provider::new(Answer::Status(503));
     let b = Provider::new(Answer::Ok);
     let (layer, handle) = breaker(BreakerConfig::default());
-    let (sa, sb) = (a.service(), b.service());
-    let router = service_fn(move |req: ChatRequest| {
-        let to_a = Link::of(&req.extensions).is_some_and(|l| l.provider() == "a");
-        if to_a { sa.clone() } else { sb.clone() }.oneshot(req)
-    });
-    let mut svc = layer.layer(router);
+    let mut svc = layer.layer(route_a_or_b(&a, &b));
     for _ in 0..5 {
         let _ = svc.ready().await.expect("ready").call(req_for("a")).await;
         svc.ready()
@@ -802,14 +801,7 @@ async fn one_service_alternating_keys_keeps_each_keys_circuit() {
     assert!(refused.expect_err("a open").is_circuit_open());
     assert_eq!(a.calls(), 5);
     assert_eq!(b.calls(), 5);
-    assert_eq!(
-        state(&handle, &BreakerKey::new("a", "m")),
-        CircuitState::Open
-    );
-    assert_eq!(
-        state(&handle, &BreakerKey::new("b", "m")),
-        CircuitState::Closed
-    );
+    assert_a_open_b_closed(&handle);
 }
 
 /// A full store hands out circuits it does not keep; a service must not
