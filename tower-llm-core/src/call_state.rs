@@ -13,6 +13,7 @@
 
 use http::Extensions;
 
+use crate::telemetry::{CallOwner, Metrics};
 use crate::{AttemptLog, Deadline, HasExtensions, Link};
 
 /// The per-call state (see the [module docs](self)).
@@ -205,6 +206,66 @@ pub fn replay_copy<Req: Clone + HasExtensions>(req: &mut Req) -> ReplayCopy<Req>
     }
 }
 
+/// What the retry and fallback layers do first in `call`: take ownership
+/// of the call when no outer tower-llm layer has
+/// ([`CallOwner::install`]), then, when `copy`, make the request's
+/// [`replay_copy`] unless it is [`NotReplayable`](crate::NotReplayable).
+///
+/// A request whose only extension is the per-call state of a call owned
+/// outside (the usual case inside a deadline layer) takes one map lookup.
+#[doc(hidden)]
+pub fn enter_replaying<Req: Clone + HasExtensions>(
+    req: &mut Req,
+    metrics: &Metrics,
+    copy: bool,
+) -> (Option<CallOwner>, Option<ReplayCopy<Req>>) {
+    let extensions = req.extensions_mut();
+    if extensions.len() == 1 {
+        if let Some(state) = CallState::of(extensions).filter(|s| s.log.is_some()) {
+            if !copy {
+                return (None, None);
+            }
+            let state = state.clone();
+            let map = std::mem::take(extensions);
+            let request = req.clone();
+            *req.extensions_mut() = map;
+            let copy = ReplayCopy {
+                request,
+                detached: Some(state),
+            };
+            return (None, Some(copy));
+        }
+    }
+    let owner = CallOwner::install(req.extensions_mut(), metrics);
+    let copy = (copy && !is_not_replayable(req.extensions())).then(|| replay_copy(req));
+    (owner, copy)
+}
+
+/// What the deadline layer does first in `call`: stores `deadline` (an
+/// earlier one already there stays in force) and takes ownership of the
+/// call when no outer tower-llm layer has. Returns the deadline in force.
+///
+/// A request that arrives without extensions takes one insertion.
+#[doc(hidden)]
+pub fn begin_call(
+    extensions: &mut Extensions,
+    deadline: Deadline,
+    metrics: &Metrics,
+) -> (Deadline, Option<CallOwner>) {
+    if extensions.is_empty() {
+        let log = AttemptLog::new();
+        extensions.insert(CallState {
+            deadline: Some(deadline),
+            log: Some(log.clone()),
+            link: None,
+            attempt: 0,
+        });
+        return (deadline, Some(CallOwner::owning(log, metrics)));
+    }
+    let deadline = deadline.store(extensions);
+    (deadline, CallOwner::install(extensions, metrics))
+}
+
 /// `true` when the request is marked [`NotReplayable`](crate::NotReplayable).
 #[doc(hidden)]
 pub fn is_not_replayable(extensions: &Extensions) -> bool {
@@ -282,6 +343,53 @@ mod tests {
         assert!(!is_not_replayable(&ext));
         ext.insert(crate::NotReplayable);
         assert!(is_not_replayable(&ext));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn entering_a_replaying_layer() {
+        let metrics = Metrics::disabled();
+        // Owned outside, only the call state: no owner, a detached copy.
+        let mut req = request();
+        let (owner, copy) = enter_replaying(&mut req, &metrics, true);
+        assert!(owner.is_none());
+        let copy = copy.expect("a copy");
+        assert!(copy.request.extensions().is_empty());
+        assert!(copy.view().log.is_some());
+        assert_eq!(req.extensions().len(), 1);
+        // No copy wanted.
+        let (owner, copy) = enter_replaying(&mut req, &metrics, false);
+        assert!(owner.is_none() && copy.is_none());
+        // Marked not replayable: no copy.
+        req.extensions_mut().insert(crate::NotReplayable);
+        let (owner, copy) = enter_replaying(&mut req, &metrics, true);
+        assert!(owner.is_none() && copy.is_none());
+        // A fresh request: this layer owns the call, and its copy shares
+        // the log it installed.
+        let mut fresh = http::Request::new(());
+        let (owner, copy) = enter_replaying(&mut fresh, &metrics, true);
+        assert!(owner.is_some());
+        let copy = copy.expect("a copy");
+        assert!(copy.view().log.is_some());
+        assert!(AttemptLog::of(fresh.extensions()).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn beginning_a_call() {
+        let metrics = Metrics::disabled();
+        let mut fresh = Extensions::new();
+        let soon = Deadline::after(std::time::Duration::from_secs(5));
+        let (in_force, owner) = begin_call(&mut fresh, soon, &metrics);
+        assert_eq!(in_force, soon);
+        assert!(owner.is_some());
+        assert_eq!(fresh.len(), 1);
+        assert_eq!(Deadline::of(&fresh), Some(soon));
+        assert!(AttemptLog::of(&fresh).is_some());
+        // Inside another deadline layer: the earlier deadline stays, and
+        // the outer layer keeps the call.
+        let later = Deadline::after(std::time::Duration::from_secs(9));
+        let (in_force, owner) = begin_call(&mut fresh, later, &metrics);
+        assert_eq!(in_force, soon);
+        assert!(owner.is_none());
     }
 
     #[test]

@@ -66,7 +66,8 @@ pub use attempt::{
 pub use bounded::Bounded;
 #[doc(hidden)]
 pub use call_state::{
-    CallView, ReplayCopy, attempt_number, is_not_replayable, replay_copy, set_attempt_number,
+    CallView, ReplayCopy, attempt_number, begin_call, enter_replaying, is_not_replayable,
+    replay_copy, set_attempt_number,
 };
 pub use chat::{
     ChatChunk, ChatRequest, ChatResponse, Choice, ContentPart, FinishReason, Message, Role, Tool,

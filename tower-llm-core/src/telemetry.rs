@@ -299,6 +299,11 @@ impl CallOwner {
     /// owns the call.
     pub fn install(extensions: &mut http::Extensions, metrics: &Metrics) -> Option<CallOwner> {
         let log = AttemptLog::install(extensions)?;
+        Some(CallOwner::owning(log, metrics))
+    }
+
+    /// The owner of the call whose freshly installed log is `log`.
+    pub(crate) fn owning(log: AttemptLog, metrics: &Metrics) -> CallOwner {
         let span = tracing::info_span!(
             "llm.call",
             provider = tracing::field::Empty,
@@ -306,12 +311,12 @@ impl CallOwner {
             outcome = tracing::field::Empty,
             attempts = tracing::field::Empty,
         );
-        Some(CallOwner {
+        CallOwner {
             log,
             metrics: metrics.clone(),
             span,
             done: false,
-        })
+        }
     }
 
     /// The call's span (enter it while polling the call).

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower_llm_core::{
-    Bounded, BoxError, CallOwner, Deadline, Failure, HasExtensions, Metrics, RecordsAttempts,
+    Bounded, BoxError, Deadline, Failure, HasExtensions, Metrics, RecordsAttempts,
 };
 use tower_service::Service;
 
@@ -82,9 +82,8 @@ where
         if let Some(timeout) = req.headers().and_then(header_timeout) {
             deadline = deadline.min(Deadline::after_from(now, timeout));
         }
-        let extensions = req.extensions_mut();
-        let deadline = deadline.store(extensions);
-        let owner = CallOwner::install(extensions, &self.metrics);
+        let (deadline, owner) =
+            tower_llm_core::begin_call(req.extensions_mut(), deadline, &self.metrics);
         let call = if deadline.instant() <= now {
             // Nothing can finish in no time: do not spend a provider call.
             Bounded::expired(deadline.instant())

@@ -2,8 +2,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tower_llm_core::{
-    BoxError, CallOwner, Classify, Failure, HasExtensions, RecordsAttempts, is_not_replayable,
-    replay_copy,
+    BoxError, Classify, Failure, HasExtensions, RecordsAttempts, enter_replaying,
 };
 use tower_service::Service;
 
@@ -80,16 +79,12 @@ where
     fn call(&mut self, mut req: Req) -> Self::Future {
         let chain = self.chain.clone();
         // Before the copy, so that every link appends to the same log.
-        let owned = CallOwner::install(req.extensions_mut(), &chain.metrics);
-        let _span = owned.as_ref().map(|o| o.span().enter());
         // Keep a clean copy for the alternates, unless the request cannot
         // be sent twice.
-        let replayable = !is_not_replayable(req.extensions());
-        let pristine = if chain.alternates.is_empty() || !replayable {
-            None
-        } else {
-            Some(replay_copy(&mut req))
-        };
+        let (owned, pristine) =
+            enter_replaying(&mut req, &chain.metrics, !chain.alternates.is_empty());
+        let replayable = pristine.is_some() || chain.alternates.is_empty();
+        let _span = owned.as_ref().map(|o| o.span().enter());
         if chain.primary.admits(&req) {
             chain.primary.prepare(&mut req);
             let fut = self.primary.call(req);

@@ -1,8 +1,7 @@
 use std::task::{Context, Poll};
 
 use tower_llm_core::{
-    BoxError, CallOwner, Classify, Failure, HasExtensions, Metrics, RecordsAttempts,
-    is_not_replayable, replay_copy,
+    BoxError, Classify, Failure, HasExtensions, Metrics, RecordsAttempts, enter_replaying,
 };
 use tower_service::Service;
 
@@ -76,11 +75,10 @@ where
 
     fn call(&mut self, mut req: Req) -> Self::Future {
         // Before the copy is made, so every copy shares the log.
-        let owner = CallOwner::install(req.extensions_mut(), &self.metrics);
-        let (copy, fut) = {
+        let (owner, copy) = enter_replaying(&mut req, &self.metrics, true);
+        let fut = {
             let _span = owner.as_ref().map(|o| o.span().enter());
-            let copy = (!is_not_replayable(req.extensions())).then(|| replay_copy(&mut req));
-            (copy, self.attempt.call(req))
+            self.attempt.call(req)
         };
         // As tower's `Retry` does: the future keeps a clone of the service
         // for later attempts (made ready again before each), and this one,
