@@ -283,3 +283,59 @@ async fn an_abandoned_call_is_still_counted_with_its_attempts() {
     assert_eq!(sample(&text, "ai_router_latency_ms_count", &[]), 2.0);
     assert_eq!(sample(&text, "ai_router_attempts_per_call_sum", &[]), 2.0);
 }
+
+/// A call whose last record is a refusal by another link's open circuit:
+/// the call is labelled with that last link, the latency with the link
+/// that was timed.
+#[tokio::test(start_paused = true)]
+async fn a_call_ending_on_another_links_refusal_is_labelled_with_that_link() {
+    use tower_llm::{AttemptOutcome, AttemptRecord, FailureClass, Link, NextStep};
+    let (meter_provider, registry) = prometheus();
+    let metrics = Metrics::new(&meter_provider.meter("tower-llm"));
+    let a = Link::new("a", "m1");
+    let b = Link::new("b", "m2").with_position(1);
+    let records = [
+        AttemptRecord::new(
+            &a,
+            1,
+            AttemptOutcome::Failed(FailureClass::Transient),
+            Duration::from_millis(20),
+        )
+        .with_next(NextStep::FailedOver),
+        AttemptRecord::new(
+            &b,
+            1,
+            AttemptOutcome::Failed(FailureClass::CircuitOpen),
+            Duration::ZERO,
+        ),
+    ];
+    let failure = Failure::new(FailureClass::CircuitOpen);
+    metrics.record_call(Some(&failure), &records);
+    let text = scrape(&registry);
+    let calls = |p, m| {
+        sample(
+            &text,
+            "ai_router_calls_total",
+            &[("provider", p), ("model", m)],
+        )
+    };
+    assert_eq!(calls("b", "m2"), 1.0);
+    assert_eq!(calls("a", "m1"), 0.0);
+    let timed = |p, m| {
+        sample(
+            &text,
+            "ai_router_latency_ms_count",
+            &[("provider", p), ("model", m)],
+        )
+    };
+    assert_eq!(timed("a", "m1"), 1.0);
+    assert_eq!(timed("b", "m2"), 0.0);
+    assert_eq!(
+        sample(
+            &text,
+            "ai_router_failovers_total",
+            &[("from", "a"), ("to", "b")]
+        ),
+        1.0
+    );
+}

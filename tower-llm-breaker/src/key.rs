@@ -48,7 +48,9 @@ impl BreakerKey {
 
     /// Adds a scope: a credential id, tenant, region or endpoint. Never put
     /// a secret itself here (keys show in snapshots and logs): use an id or
-    /// a hash of it.
+    /// a hash of it. Keep the set of scopes bounded (ids you issue, not
+    /// values callers choose freely): the store holds at most `max_keys`
+    /// circuits, and a key beyond them gets a circuit that is not kept.
     #[must_use]
     pub fn with_scope(mut self, scope: impl Into<Arc<str>>) -> Self {
         self.scope = Some(scope.into());

@@ -191,18 +191,24 @@ pub fn replay_copy<Req: Clone + HasExtensions>(req: &mut Req) -> ReplayCopy<Req>
     let extensions = req.extensions_mut();
     if extensions.len() == 1 {
         if let Some(state) = CallState::of(extensions).cloned() {
-            let map = std::mem::take(extensions);
-            let request = req.clone();
-            *req.extensions_mut() = map;
-            return ReplayCopy {
-                request,
-                detached: Some(state),
-            };
+            return detached_copy(req, state);
         }
     }
     ReplayCopy {
         request: req.clone(),
         detached: None,
+    }
+}
+
+/// A copy of `req`, whose only extension is the call state `state`, made
+/// without its extension map (taken out for the moment of the clone).
+fn detached_copy<Req: Clone + HasExtensions>(req: &mut Req, state: CallState) -> ReplayCopy<Req> {
+    let map = std::mem::take(req.extensions_mut());
+    let request = req.clone();
+    *req.extensions_mut() = map;
+    ReplayCopy {
+        request,
+        detached: Some(state),
     }
 }
 
@@ -226,14 +232,7 @@ pub fn enter_replaying<Req: Clone + HasExtensions>(
                 return (None, None);
             }
             let state = state.clone();
-            let map = std::mem::take(extensions);
-            let request = req.clone();
-            *req.extensions_mut() = map;
-            let copy = ReplayCopy {
-                request,
-                detached: Some(state),
-            };
-            return (None, Some(copy));
+            return (None, Some(detached_copy(req, state)));
         }
     }
     let owner = CallOwner::install(req.extensions_mut(), metrics);

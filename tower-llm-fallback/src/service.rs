@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tower_llm_core::{
-    BoxError, Classify, Failure, HasExtensions, RecordsAttempts, enter_replaying,
+    BoxError, Classify, Failure, HasExtensions, RecordsAttempts, enter_replaying, is_not_replayable,
 };
 use tower_service::Service;
 
@@ -78,12 +78,11 @@ where
 
     fn call(&mut self, mut req: Req) -> Self::Future {
         let chain = self.chain.clone();
-        // Before the copy, so that every link appends to the same log.
-        // Keep a clean copy for the alternates, unless the request cannot
-        // be sent twice.
+        // Owns the call when no outer layer does (before the copy, so that
+        // every link appends to the same log), and keeps a clean copy for
+        // the alternates, unless the request cannot be sent twice.
         let (owned, pristine) =
             enter_replaying(&mut req, &chain.metrics, !chain.alternates.is_empty());
-        let replayable = pristine.is_some() || chain.alternates.is_empty();
         let _span = owned.as_ref().map(|o| o.span().enter());
         if chain.primary.admits(&req) {
             chain.primary.prepare(&mut req);
@@ -94,6 +93,7 @@ where
             drop(_span);
             // The request is as the copy is (nothing was prepared).
             drop(pristine);
+            let replayable = !is_not_replayable(req.extensions());
             ResponseFuture::primary_skipped(chain, req, replayable, owned)
         }
     }
