@@ -312,24 +312,11 @@ async fn a_call_ending_on_another_links_refusal_is_labelled_with_that_link() {
     let failure = Failure::new(FailureClass::CircuitOpen);
     metrics.record_call(Some(&failure), &records);
     let text = scrape(&registry);
-    let calls = |p, m| {
-        sample(
-            &text,
-            "ai_router_calls_total",
-            &[("provider", p), ("model", m)],
-        )
-    };
-    assert_eq!(calls("b", "m2"), 1.0);
-    assert_eq!(calls("a", "m1"), 0.0);
-    let timed = |p, m| {
-        sample(
-            &text,
-            "ai_router_latency_ms_count",
-            &[("provider", p), ("model", m)],
-        )
-    };
-    assert_eq!(timed("a", "m1"), 1.0);
-    assert_eq!(timed("b", "m2"), 0.0);
+    let count = |name, p, m| sample(&text, name, &[("provider", p), ("model", m)]);
+    assert_eq!(count("ai_router_calls_total", "b", "m2"), 1.0);
+    assert_eq!(count("ai_router_calls_total", "a", "m1"), 0.0);
+    assert_eq!(count("ai_router_latency_ms_count", "a", "m1"), 1.0);
+    assert_eq!(count("ai_router_latency_ms_count", "b", "m2"), 0.0);
     assert_eq!(
         sample(
             &text,
