@@ -135,7 +135,7 @@ impl<F, C> ResponseFuture<F, C> {
 impl<F, C, Res, E> Future for ResponseFuture<F, C>
 where
     F: Future<Output = Result<Res, E>>,
-    E: Into<BoxError>,
+    E: Into<BoxError> + 'static,
     C: Classify<Res, Failure>,
 {
     type Output = Result<Res, Failure>;
@@ -149,7 +149,7 @@ where
             return Poll::Ready(Err(Failure::new(FailureClass::Cancelled)
                 .with_message("breaker future polled after completion")));
         };
-        let result = ready!(inner.poll(cx)).map_err(|e| Failure::from_error(e.into()));
+        let result = ready!(inner.poll(cx)).map_err(Failure::from_inner);
         this.inner.set(None);
         if let Some(guard) = this.guard.take() {
             let verdict = guard.verdict(&result);

@@ -60,7 +60,7 @@ impl<S, K, C> Breaker<S, K, C> {
 impl<S, K, C, Req> Service<Req> for Breaker<S, K, C>
 where
     S: Service<Req>,
-    S::Error: Into<BoxError>,
+    S::Error: Into<BoxError> + 'static,
     K: KeyFn<Req>,
     C: Classify<S::Response, Failure> + Clone,
     Req: HasExtensions,
@@ -74,9 +74,7 @@ where
     /// key is not known before the request).
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner
-            .poll_ready(cx)
-            .map_err(|e| Failure::from_error(e.into()))
+        self.inner.poll_ready(cx).map_err(Failure::from_inner)
     }
 
     fn call(&mut self, req: Req) -> Self::Future {

@@ -130,6 +130,37 @@ impl Failure {
         }
     }
 
+    /// An inner service's error as a `Failure`: a `Failure` is returned as
+    /// is (without the boxing that `from_error(e.into())` costs, which a
+    /// failure crossing each layer of a stack would pay again at every
+    /// layer); any other error goes through [`from_error`](Self::from_error).
+    ///
+    /// ```
+    /// use tower_llm_core::{Failure, FailureClass};
+    ///
+    /// let f = Failure::from_inner(Failure::new(FailureClass::RateLimited));
+    /// assert!(f.is_rate_limited());
+    /// let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "slow");
+    /// assert!(Failure::from_inner(io).is_timeout());
+    /// ```
+    pub fn from_inner<E>(err: E) -> Self
+    where
+        E: Into<BoxError> + 'static,
+    {
+        let mut slot = Some(err);
+        if let Some(failure) = (&mut slot as &mut dyn std::any::Any)
+            .downcast_mut::<Option<Failure>>()
+            .and_then(Option::take)
+        {
+            return failure;
+        }
+        match slot {
+            Some(err) => Failure::from_error(err.into()),
+            // Unreachable: the slot is taken only when it held a Failure.
+            None => Failure::new(FailureClass::Transient),
+        }
+    }
+
     /// Sets the `retry_after` hint (for example from a `Retry-After` header).
     #[must_use]
     pub fn with_retry_after(mut self, retry_after: Duration) -> Self {

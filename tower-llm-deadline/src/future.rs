@@ -36,7 +36,7 @@ impl<F> ResponseFuture<F> {
 impl<F, Res, E> Future for ResponseFuture<F>
 where
     F: Future<Output = Result<Res, E>>,
-    E: Into<BoxError>,
+    E: Into<BoxError> + 'static,
     Res: RecordsAttempts,
 {
     type Output = Result<Res, Failure>;
@@ -52,7 +52,7 @@ where
             this.call.as_mut().poll(cx)
         };
         let mut result = match ready!(polled) {
-            Some(result) => result.map_err(|e| Failure::from_error(e.into())),
+            Some(result) => result.map_err(Failure::from_inner),
             None => {
                 // Cancel the call now rather than when the caller drops us.
                 this.call.cancel();

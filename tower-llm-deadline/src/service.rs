@@ -61,7 +61,7 @@ impl<S> EnforceDeadline<S> {
 impl<S, Req> Service<Req> for EnforceDeadline<S>
 where
     S: Service<Req>,
-    S::Error: Into<BoxError>,
+    S::Error: Into<BoxError> + 'static,
     S::Response: RecordsAttempts,
     Req: HasExtensions,
 {
@@ -71,9 +71,7 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner
-            .poll_ready(cx)
-            .map_err(|e| Failure::from_error(e.into()))
+        self.inner.poll_ready(cx).map_err(Failure::from_inner)
     }
 
     fn call(&mut self, mut req: Req) -> Self::Future {

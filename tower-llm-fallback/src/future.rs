@@ -147,7 +147,7 @@ fn record_skip(log: Option<&AttemptLog>, link: &tower_llm_core::Link) {
 impl<PF, Req, Res, C, E> Future for ResponseFuture<PF, Req, Res, C>
 where
     PF: Future<Output = Result<Res, E>>,
-    E: Into<BoxError>,
+    E: Into<BoxError> + 'static,
     Req: Clone + HasExtensions,
     Res: RecordsAttempts,
     C: Classify<Res, Failure>,
@@ -160,9 +160,7 @@ where
         let _span = span.as_ref().map(tracing::Span::enter);
         loop {
             let result = match this.state.as_mut().project() {
-                StateProj::Primary { fut } => {
-                    ready!(fut.poll(cx)).map_err(|e| Failure::from_error(e.into()))
-                }
+                StateProj::Primary { fut } => ready!(fut.poll(cx)).map_err(Failure::from_inner),
                 StateProj::Alternate { fut } => ready!(fut.poll(cx)),
                 StateProj::Done => {
                     return Poll::Ready(Err(Failure::new(FailureClass::Cancelled)

@@ -147,11 +147,11 @@ impl<Req, Res, C> FallbackBuilder<Req, Res, C> {
     pub fn or<S>(mut self, spec: LinkSpec<Req>, service: S) -> Self
     where
         S: Service<Req, Response = Res> + Clone + Send + Sync + 'static,
-        S::Error: Into<BoxError>,
+        S::Error: Into<BoxError> + 'static,
         S::Future: Send + 'static,
         Req: 'static,
     {
-        let service = BoxCloneSyncService::new(service.map_err(|e| Failure::from_error(e.into())));
+        let service = BoxCloneSyncService::new(service.map_err(Failure::from_inner));
         self.alternates.push((spec, service));
         self
     }

@@ -58,7 +58,7 @@ impl<S, Req, Res, C> Fallback<S, Req, Res, C> {
 impl<S, Req, Res, C> Service<Req> for Fallback<S, Req, Res, C>
 where
     S: Service<Req, Response = Res>,
-    S::Error: Into<BoxError>,
+    S::Error: Into<BoxError> + 'static,
     Req: Clone + HasExtensions + 'static,
     Res: RecordsAttempts + 'static,
     C: Classify<Res, Failure>,
@@ -71,9 +71,7 @@ where
     /// the response future, only when the call fails over to them.
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.primary
-            .poll_ready(cx)
-            .map_err(|e| Failure::from_error(e.into()))
+        self.primary.poll_ready(cx).map_err(Failure::from_inner)
     }
 
     fn call(&mut self, mut req: Req) -> Self::Future {

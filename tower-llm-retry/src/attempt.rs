@@ -97,7 +97,7 @@ impl<S, C> Attempt<S, C> {
 impl<S, C, Req> Service<Req> for Attempt<S, C>
 where
     S: Service<Req>,
-    S::Error: Into<BoxError>,
+    S::Error: Into<BoxError> + 'static,
     C: Classify<S::Response, Failure> + Clone,
     Req: HasExtensions,
 {
@@ -107,9 +107,7 @@ where
 
     #[inline]
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner
-            .poll_ready(cx)
-            .map_err(|e| Failure::from_error(e.into()))
+        self.inner.poll_ready(cx).map_err(Failure::from_inner)
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
@@ -215,7 +213,7 @@ pin_project! {
 impl<F, C, Res, E> Future for AttemptFuture<F, C>
 where
     F: Future<Output = Result<Res, E>>,
-    E: Into<BoxError>,
+    E: Into<BoxError> + 'static,
     C: Classify<Res, Failure>,
 {
     type Output = Result<Res, Failure>;
@@ -237,7 +235,7 @@ where
             this.call.as_mut().poll(cx)
         };
         let (mut result, expired) = match ready!(polled) {
-            Some(result) => (result.map_err(|e| Failure::from_error(e.into())), false),
+            Some(result) => (result.map_err(Failure::from_inner), false),
             None if *this.deadline_bound => (Err(Failure::deadline_exceeded()), true),
             None => (
                 Err(Failure::new(FailureClass::Timeout).with_message("attempt timed out")),

@@ -75,7 +75,7 @@ impl<S: Service<Req>, C, Req> ResponseFuture<S, C, Req> {
 impl<S, C, Req> Future for ResponseFuture<S, C, Req>
 where
     S: Service<Req>,
-    S::Error: Into<BoxError>,
+    S::Error: Into<BoxError> + 'static,
     S::Response: RecordsAttempts,
     C: Classify<S::Response, Failure> + Clone,
     Req: Clone + HasExtensions,

@@ -59,7 +59,7 @@ impl<S, C> Retry<S, C> {
 impl<S, C, Req> Service<Req> for Retry<S, C>
 where
     S: Service<Req> + Clone,
-    S::Error: Into<BoxError>,
+    S::Error: Into<BoxError> + 'static,
     S::Response: RecordsAttempts,
     C: Classify<S::Response, Failure> + Clone,
     Req: Clone + HasExtensions,
