@@ -10,21 +10,12 @@
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use tower::{Layer, Service, ServiceExt, service_fn};
-use tower_llm::Failure;
+use tower::{Layer, Service, ServiceExt};
 use tower_llm::Link;
 use tower_llm::breaker::BreakerLayer;
 
 mod support;
-use support::call;
-
-type Bare = tower::util::ServiceFn<
-    fn(http::Request<()>) -> std::future::Ready<Result<http::Response<()>, Failure>>,
->;
-
-fn bare() -> Bare {
-    service_fn(|_req: http::Request<()>| std::future::ready(Ok(http::Response::new(()))))
-}
+use support::{Bare, bare, call, current_thread};
 
 type Resilience = tower_resilience_circuitbreaker::CircuitBreaker<
     Bare,
@@ -42,10 +33,7 @@ fn resilience() -> Resilience {
 }
 
 fn single(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("runtime");
+    let rt = current_thread();
     let _guard = rt.enter();
     let mut group = c.benchmark_group("breaker");
     let mut svc = bare();

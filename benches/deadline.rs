@@ -17,7 +17,7 @@ use tower_llm::Failure;
 use tower_llm::deadline::DeadlineLayer;
 
 mod support;
-use support::{call, call_with};
+use support::{call, call_with, current_thread};
 
 /// One call with a request whose extensions are already in use, as a
 /// server framework's requests usually are (axum adds its own entries).
@@ -34,10 +34,7 @@ where
 struct RouteTag(#[allow(dead_code)] u32);
 
 fn bench(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("runtime");
+    let rt = current_thread();
     let _guard = rt.enter();
     let budget = Duration::from_secs(30);
     let bare = || {

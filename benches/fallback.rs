@@ -11,24 +11,15 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
-use tower::{Layer, ServiceBuilder, service_fn};
-use tower_llm::Failure;
+use tower::{Layer, ServiceBuilder};
 use tower_llm::deadline::DeadlineLayer;
 use tower_llm::fallback::{FallbackLayer, LinkSpec};
 
 mod support;
-use support::{allocations, call};
+use support::{allocations, bare, call, current_thread};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
-
-type Bare = tower::util::ServiceFn<
-    fn(http::Request<()>) -> std::future::Ready<Result<http::Response<()>, Failure>>,
->;
-
-fn bare() -> Bare {
-    service_fn(|_req: http::Request<()>| std::future::ready(Ok(http::Response::new(()))))
-}
 
 fn three_links() -> FallbackLayer<http::Request<()>, http::Response<()>, tower_llm::HttpClassifier>
 {
@@ -41,10 +32,7 @@ fn three_links() -> FallbackLayer<http::Request<()>, http::Response<()>, tower_l
 }
 
 fn bench(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("runtime");
+    let rt = current_thread();
     let _guard = rt.enter();
     let mut report = Vec::new();
     let mut group = c.benchmark_group("fallback");

@@ -28,50 +28,26 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
-use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_llm::breaker::{BreakerKey, BreakerLayer};
 use tower_llm::deadline::DeadlineLayer;
 use tower_llm::fallback::{FallbackLayer, LinkSpec};
 use tower_llm::retry::RetryLayer;
-use tower_llm::{Failure, HttpClassifier, ServiceBuilderExt};
+use tower_llm::{Failure, HttpClassifier, Metrics, ServiceBuilderExt};
 
 mod support;
-use support::{NeverRetry, allocations, call, paired};
+use support::{NeverRetry, Req, Res, allocations, bare, call, current_thread, full_stack, paired};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
-type Req = http::Request<()>;
-type Res = http::Response<()>;
-type Bare = tower::util::ServiceFn<fn(Req) -> std::future::Ready<Result<Res, Failure>>>;
-
-fn bare() -> Bare {
-    service_fn(|_req: Req| std::future::ready(Ok(http::Response::new(()))))
-}
-
-/// deadline → fallback (3 links) → retry → breaker, and the breaker layer.
+/// The full stack, and its breaker layer (to open the primary's circuit).
 fn ours() -> (
     impl Service<Req, Response = Res, Error = Failure, Future: Send> + Clone + Send + 'static,
     BreakerLayer<tower_llm::breaker::LinkKey, HttpClassifier>,
 ) {
     let breaker = BreakerLayer::http();
-    let link = || {
-        ServiceBuilder::new()
-            .llm_retry(RetryLayer::http())
-            .llm_breaker(breaker.clone())
-            .service(bare())
-    };
-    let fallback = FallbackLayer::builder(LinkSpec::new("openai", "gpt-4o"))
-        .or(LinkSpec::new("anthropic", "claude-sonnet-4-5"), link())
-        .or(LinkSpec::new("bedrock", "nova-pro"), link())
-        .with_classifier(HttpClassifier)
-        .build()
-        .expect("valid chain");
-    let svc = ServiceBuilder::new()
-        .llm_deadline(Duration::from_secs(30))
-        .llm_fallback(fallback)
-        .service(link());
-    (svc, breaker)
+    (full_stack(breaker.clone(), Metrics::global()), breaker)
 }
 
 fn tower_peer() -> impl Service<Req, Response = Res, Error = tower::BoxError> + Clone {
@@ -186,10 +162,7 @@ fn profile_only() {
 }
 
 fn bench(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("runtime");
+    let rt = current_thread();
     let _guard = rt.enter();
     profile_only();
 

@@ -25,7 +25,7 @@ use tower_llm_providers::mock::{
 };
 
 mod support;
-use support::now_or_never;
+use support::{current_thread, now_or_never};
 
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use std::alloc::System;
@@ -190,10 +190,7 @@ where
 
 fn bench(c: &mut Criterion) {
     // The streaming services read the tokio clock: run inside a runtime.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("runtime");
+    let rt = current_thread();
     let _guard = rt.enter();
 
     let cases: [(&str, Vec<Step>, Decode); 2] = [

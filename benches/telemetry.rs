@@ -9,55 +9,23 @@
 //! cargo bench --bench telemetry
 //! ```
 
-use std::time::Duration;
-
 use criterion::{Criterion, criterion_group, criterion_main};
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
-use tower::{Service, ServiceBuilder, service_fn};
+use tower::Service;
 use tower_llm::breaker::BreakerLayer;
-use tower_llm::deadline::DeadlineLayer;
-use tower_llm::fallback::{FallbackLayer, LinkSpec};
-use tower_llm::retry::RetryLayer;
-use tower_llm::{Failure, HttpClassifier, Metrics, ServiceBuilderExt};
+use tower_llm::{Failure, Metrics};
 
 mod support;
-use support::{call, paired};
-
-type Req = http::Request<()>;
-type Res = http::Response<()>;
-
-fn bare() -> impl Service<Req, Response = Res, Error = Failure, Future: Send> + Clone + Send + Sync
-{
-    service_fn(|_req: Req| std::future::ready(Ok(http::Response::new(()))))
-}
+use support::{Req, Res, bare, call, current_thread, full_stack, paired};
 
 /// The full stack, its per-call metrics recorded on `metrics`.
 fn stack(metrics: Metrics) -> impl Service<Req, Response = Res, Error = Failure> {
-    let breaker = BreakerLayer::http();
-    let link = || {
-        ServiceBuilder::new()
-            .llm_retry(RetryLayer::http())
-            .llm_breaker(breaker.clone())
-            .service(bare())
-    };
-    let fallback = FallbackLayer::builder(LinkSpec::new("openai", "gpt-4o"))
-        .or(LinkSpec::new("anthropic", "claude-sonnet-4-5"), link())
-        .or(LinkSpec::new("bedrock", "nova-pro"), link())
-        .with_classifier(HttpClassifier)
-        .build()
-        .expect("valid chain");
-    ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(30)).with_metrics(metrics))
-        .llm_fallback(fallback)
-        .service(link())
+    full_stack(BreakerLayer::http(), metrics)
 }
 
 fn bench(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .expect("runtime");
+    let rt = current_thread();
     let _guard = rt.enter();
     let sdk = SdkMeterProvider::builder()
         .with_reader(

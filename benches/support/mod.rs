@@ -1,4 +1,5 @@
-//! Helpers shared by the benches: drive an always-ready service by hand.
+//! Helpers shared by the benches: the bare service, the full stack, the
+//! runtime, and driving an always-ready service by hand.
 
 #![allow(dead_code)]
 
@@ -6,8 +7,57 @@ use std::future::Future;
 use std::hint::black_box;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
-use tower::Service;
+use tower::{Service, ServiceBuilder, service_fn};
+use tower_llm::breaker::{BreakerLayer, LinkKey};
+use tower_llm::deadline::DeadlineLayer;
+use tower_llm::fallback::{FallbackLayer, LinkSpec};
+use tower_llm::retry::RetryLayer;
+use tower_llm::{Failure, HttpClassifier, Metrics, ServiceBuilderExt};
+
+pub(crate) type Req = http::Request<()>;
+pub(crate) type Res = http::Response<()>;
+/// The bare service: answers at once.
+pub(crate) type Bare = tower::util::ServiceFn<fn(Req) -> std::future::Ready<Result<Res, Failure>>>;
+
+/// A service that answers at once.
+pub(crate) fn bare() -> Bare {
+    service_fn(|_req: Req| std::future::ready(Ok(http::Response::new(()))))
+}
+
+/// A current-thread runtime with a timer: enter it (`let _guard =
+/// rt.enter();`) so the layers find tokio's clock.
+pub(crate) fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime")
+}
+
+/// deadline (30 s, per-call metrics on `metrics`) → fallback (3 links) →
+/// retry → `breaker`, per link, around [`bare`].
+pub(crate) fn full_stack(
+    breaker: BreakerLayer<LinkKey, HttpClassifier>,
+    metrics: Metrics,
+) -> impl Service<Req, Response = Res, Error = Failure, Future: Send> + Clone + Send + 'static {
+    let link = || {
+        ServiceBuilder::new()
+            .llm_retry(RetryLayer::http())
+            .llm_breaker(breaker.clone())
+            .service(bare())
+    };
+    let fallback = FallbackLayer::builder(LinkSpec::new("openai", "gpt-4o"))
+        .or(LinkSpec::new("anthropic", "claude-sonnet-4-5"), link())
+        .or(LinkSpec::new("bedrock", "nova-pro"), link())
+        .with_classifier(HttpClassifier)
+        .build()
+        .expect("valid chain");
+    ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(30)).with_metrics(metrics))
+        .llm_fallback(fallback)
+        .service(link())
+}
 
 /// Polls a future that must be ready at once, with a no-op waker.
 pub(crate) fn now_or_never<F: Future>(f: F) -> F::Output {
