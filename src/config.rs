@@ -96,6 +96,10 @@ pub struct Policy {
     /// `[health]`: optional background probes of the providers.
     #[serde(default)]
     pub health: HealthPolicy,
+    /// `[server]`: the limits of a gateway's HTTP server (ignored by a
+    /// library stack).
+    #[serde(default)]
+    pub server: ServerPolicy,
     /// `[[providers]]`: the upstreams, by name.
     #[serde(default)]
     pub providers: Vec<ProviderConfig>,
@@ -105,37 +109,62 @@ pub struct Policy {
 }
 
 /// `[deadline]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Unset keys are `None` and take their default, so a policy never
+/// contradicts itself through defaults: only values written in the file
+/// are checked against each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DeadlinePolicy {
     /// `total_ms`: the whole call's budget, every retry and failover
     /// included (default 30,000).
-    pub total_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_ms: Option<u64>,
 }
 
-impl Default for DeadlinePolicy {
-    fn default() -> Self {
-        DeadlinePolicy { total_ms: 30_000 }
+impl DeadlinePolicy {
+    /// The default `total_ms`.
+    pub const DEFAULT_TOTAL_MS: u64 = 30_000;
+
+    /// `total_ms`, or its default.
+    pub fn total_ms(&self) -> u64 {
+        self.total_ms.unwrap_or(Self::DEFAULT_TOTAL_MS)
+    }
+
+    /// The call's budget.
+    pub fn total(&self) -> Duration {
+        Duration::from_millis(self.total_ms())
     }
 }
 
 /// `[retry]`: `max_attempts` per link, each cut at `attempt_timeout_ms`,
 /// with an exponential backoff `min(base_ms · factor^n, max_ms)` and
 /// jitter between them.
+///
+/// The keys that are checked against others are `Option`s: unset, they
+/// take a default that fits what was written (an attempt is always cut at
+/// the call's remaining deadline anyway; an unset `max_ms` is never below
+/// a written `base_ms`, an unset `base_ms` never above a written
+/// `max_ms`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetryPolicy {
     /// `max_attempts`: attempts per link, 1 to 16 (default 3).
     pub max_attempts: u8,
-    /// `attempt_timeout_ms`: one attempt's limit, and the first-token
-    /// timeout of streams (default 30,000).
-    pub attempt_timeout_ms: u64,
-    /// `base_ms`: the first backoff (default 200).
-    pub base_ms: u64,
+    /// `attempt_timeout_ms`: one attempt's limit (default 30,000, and
+    /// never past the call's deadline).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
+    /// `base_ms`: the first backoff (default 200, or `max_ms` if that is
+    /// set lower).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_ms: Option<u64>,
     /// `factor`: the backoff growth per retry, ≥ 1 (default 4).
     pub factor: f64,
-    /// `max_ms`: the backoff cap (default 3,200).
-    pub max_ms: u64,
+    /// `max_ms`: the backoff cap (default 3,200, or `base_ms` if that is
+    /// set higher).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_ms: Option<u64>,
     /// `jitter`: a fraction in `[0, 1]` (`0.2` is ±20 %), or `"equal"`,
     /// `"full"`, `"none"` (default 0.2).
     pub jitter: JitterSpec,
@@ -145,10 +174,10 @@ impl Default for RetryPolicy {
     fn default() -> Self {
         RetryPolicy {
             max_attempts: 3,
-            attempt_timeout_ms: 30_000,
-            base_ms: 200,
+            attempt_timeout_ms: None,
+            base_ms: None,
             factor: 4.0,
-            max_ms: 3_200,
+            max_ms: None,
             jitter: JitterSpec::Fraction(0.2),
         }
     }
@@ -177,6 +206,35 @@ pub enum NamedJitter {
 }
 
 impl RetryPolicy {
+    /// The default `attempt_timeout_ms`.
+    pub const DEFAULT_ATTEMPT_TIMEOUT_MS: u64 = 30_000;
+    /// The default `base_ms`.
+    pub const DEFAULT_BASE_MS: u64 = 200;
+    /// The default `max_ms`.
+    pub const DEFAULT_MAX_MS: u64 = 3_200;
+
+    /// `attempt_timeout_ms`, or its default.
+    pub fn attempt_timeout_ms(&self) -> u64 {
+        self.attempt_timeout_ms
+            .unwrap_or(Self::DEFAULT_ATTEMPT_TIMEOUT_MS)
+    }
+
+    /// `base_ms`, or its default (never above a written `max_ms`).
+    pub fn base_ms(&self) -> u64 {
+        self.base_ms.unwrap_or_else(|| {
+            self.max_ms
+                .map_or(Self::DEFAULT_BASE_MS, |max| max.min(Self::DEFAULT_BASE_MS))
+        })
+    }
+
+    /// `max_ms`, or its default (never below a written `base_ms`).
+    pub fn max_ms(&self) -> u64 {
+        self.max_ms.unwrap_or_else(|| {
+            self.base_ms
+                .map_or(Self::DEFAULT_MAX_MS, |base| base.max(Self::DEFAULT_MAX_MS))
+        })
+    }
+
     /// The backoff schedule.
     ///
     /// # Errors
@@ -190,9 +248,9 @@ impl RetryPolicy {
             JitterSpec::Named(NamedJitter::None) => Jitter::None,
         };
         Backoff::exponential(
-            Duration::from_millis(self.base_ms),
+            Duration::from_millis(self.base_ms()),
             self.factor,
-            Duration::from_millis(self.max_ms),
+            Duration::from_millis(self.max_ms()),
             jitter,
         )
         .map_err(|e| format!("retry backoff: {e}"))
@@ -272,6 +330,134 @@ pub struct HealthPolicy {
     /// probed; 0 (the default) turns probes off.
     #[serde(default)]
     pub probe_interval_ms: u64,
+}
+
+/// `[server]`: the limits of a gateway's HTTP server.
+///
+/// Each limit answers one way a client can hold the gateway's resources:
+/// a slow request head (slowloris), an idle kept-alive connection, a slow
+/// request body, a client that stops reading its answer, too many
+/// connections, too many calls in flight. They take effect when the server
+/// starts; a reload keeps the running server's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerPolicy {
+    /// `header_read_timeout_ms`: the longest a client may take to send a
+    /// request's head, from its first byte (default 10,000). A connection
+    /// that takes longer is closed.
+    pub header_read_timeout_ms: u64,
+    /// `idle_timeout_ms`: how long a connection may sit with no request in
+    /// progress and no byte received, after it is accepted or its last
+    /// answer was sent, before it is closed (default 60,000).
+    pub idle_timeout_ms: u64,
+    /// `body_read_timeout_ms`: the longest a client may take to send a
+    /// whole request body; a slower one gets 408 (default 30,000).
+    pub body_read_timeout_ms: u64,
+    /// `send_timeout_ms`: how long the server may wait, with an answer to
+    /// write, for a client that reads nothing; the connection is then
+    /// closed (default 30,000).
+    pub send_timeout_ms: u64,
+    /// `max_connections`: open connections at most; beyond it new
+    /// connections wait in the listen queue (the kernel's backlog) until
+    /// one closes (default 4,096).
+    pub max_connections: usize,
+    /// `max_in_flight`: chat calls served at once, streams included until
+    /// they end; beyond it a call is answered 503 with `Retry-After: 1`
+    /// before its body is read (default 256). With the 1 MiB body cap this
+    /// bounds the memory that request bodies can hold.
+    pub max_in_flight: usize,
+    /// `reload_settle_ms`: on a file change, how long the policy file must
+    /// stay unchanged before it is read (a writer that truncates and then
+    /// rewrites is never caught half-way; default 500).
+    pub reload_settle_ms: u64,
+}
+
+impl Default for ServerPolicy {
+    fn default() -> Self {
+        ServerPolicy {
+            header_read_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            body_read_timeout_ms: 30_000,
+            send_timeout_ms: 30_000,
+            max_connections: 4_096,
+            max_in_flight: 256,
+            reload_settle_ms: 500,
+        }
+    }
+}
+
+impl ServerPolicy {
+    /// The largest `max_connections` and `max_in_flight`.
+    pub const MAX_LIMIT: usize = 1 << 20;
+
+    /// Checks every limit is above 0 (and the two counts at most
+    /// [`MAX_LIMIT`](Self::MAX_LIMIT)).
+    ///
+    /// # Errors
+    ///
+    /// One problem per limit at 0.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut p = Vec::new();
+        for (key, value) in [
+            ("header_read_timeout_ms", self.header_read_timeout_ms),
+            ("idle_timeout_ms", self.idle_timeout_ms),
+            ("body_read_timeout_ms", self.body_read_timeout_ms),
+            ("send_timeout_ms", self.send_timeout_ms),
+            (
+                "max_connections",
+                u64::try_from(self.max_connections).unwrap_or(u64::MAX),
+            ),
+            (
+                "max_in_flight",
+                u64::try_from(self.max_in_flight).unwrap_or(u64::MAX),
+            ),
+        ] {
+            if value == 0 {
+                p.push(format!("server.{key} must be above 0"));
+            }
+        }
+        for (key, value) in [
+            ("max_connections", self.max_connections),
+            ("max_in_flight", self.max_in_flight),
+        ] {
+            if value > Self::MAX_LIMIT {
+                p.push(format!(
+                    "server.{key} must be at most {}, not {value}",
+                    Self::MAX_LIMIT
+                ));
+            }
+        }
+        if p.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError { problems: p })
+        }
+    }
+
+    /// `header_read_timeout_ms`.
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+
+    /// `idle_timeout_ms`.
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
+
+    /// `body_read_timeout_ms`.
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
+    }
+
+    /// `send_timeout_ms`.
+    pub fn send_timeout(&self) -> Duration {
+        Duration::from_millis(self.send_timeout_ms)
+    }
+
+    /// `reload_settle_ms`.
+    pub fn reload_settle(&self) -> Duration {
+        Duration::from_millis(self.reload_settle_ms)
+    }
 }
 
 /// The kind of a provider.
@@ -405,7 +591,7 @@ impl Policy {
     /// Every problem found, not just the first.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut p = Vec::new();
-        if self.deadline.total_ms == 0 {
+        if self.deadline.total_ms == Some(0) {
             p.push("deadline.total_ms must be above 0".to_owned());
         }
         let r = &self.retry;
@@ -418,18 +604,20 @@ impl Policy {
                 r.max_attempts
             ));
         }
-        if r.attempt_timeout_ms == 0 {
-            p.push("retry.attempt_timeout_ms must be above 0".to_owned());
-        } else if r.attempt_timeout_ms > self.deadline.total_ms && self.deadline.total_ms > 0 {
-            p.push(format!(
-                "retry.attempt_timeout_ms ({}) is longer than deadline.total_ms ({})",
-                r.attempt_timeout_ms, self.deadline.total_ms
-            ));
+        // Only values written in the file are checked against each other:
+        // an unset key's default always fits (see the structs' docs).
+        match (r.attempt_timeout_ms, self.deadline.total_ms) {
+            (Some(0), _) => p.push("retry.attempt_timeout_ms must be above 0".to_owned()),
+            (Some(attempt), Some(total)) if total > 0 && attempt > total => p.push(format!(
+                "retry.attempt_timeout_ms ({attempt}) is longer than deadline.total_ms ({total})"
+            )),
+            _ => {}
         }
-        if r.base_ms > r.max_ms {
+        if r.base_ms() > r.max_ms() {
             p.push(format!(
                 "retry.base_ms ({}) is above retry.max_ms ({})",
-                r.base_ms, r.max_ms
+                r.base_ms(),
+                r.max_ms()
             ));
         } else if let Err(e) = r.backoff() {
             p.push(e);
@@ -480,6 +668,14 @@ impl Policy {
                 ));
             }
         }
+        if let Err(e) = self.server.validate() {
+            p.extend(e.problems);
+        }
+        // A policy without routes answers every model with 404: refused, so
+        // that an empty or truncated file never replaces a working one.
+        if self.routes.is_empty() {
+            p.push("the policy has no routes ([[routes]])".to_owned());
+        }
         let mut routes = HashSet::new();
         for route in &self.routes {
             if !routes.insert(route.model.as_str()) {
@@ -523,7 +719,7 @@ impl Policy {
 
     /// The deadline layer, recording its per-call metrics on `metrics`.
     pub fn deadline_layer(&self, metrics: Metrics) -> DeadlineLayer {
-        DeadlineLayer::new(Duration::from_millis(self.deadline.total_ms)).with_metrics(metrics)
+        DeadlineLayer::new(self.deadline.total()).with_metrics(metrics)
     }
 
     /// The per-link retry layer (chat classifier).
@@ -535,7 +731,7 @@ impl Policy {
         let backoff = self.retry.backoff().map_err(ConfigError::new)?;
         Ok(RetryLayer::new()
             .with_max_attempts(self.retry.max_attempts)
-            .with_attempt_timeout(Duration::from_millis(self.retry.attempt_timeout_ms))
+            .with_attempt_timeout(Duration::from_millis(self.retry.attempt_timeout_ms()))
             .with_backoff(backoff))
     }
 
@@ -789,7 +985,9 @@ mod tests {
     #[test]
     fn a_good_policy_loads_with_defaults_and_round_trips_through_json() {
         let p = Policy::from_toml(GOOD).expect("valid");
-        assert_eq!(p.deadline.total_ms, 30_000);
+        assert_eq!(p.deadline.total_ms(), 30_000);
+        assert_eq!(p.retry.attempt_timeout_ms(), 30_000);
+        assert_eq!(p.server, ServerPolicy::default());
         assert_eq!(p.retry.max_attempts, 3);
         assert_eq!(p.retry.jitter, JitterSpec::Fraction(0.2));
         let json = serde_json::to_string(&p).expect("json");
@@ -888,12 +1086,69 @@ mod tests {
             ("\"none\"", Jitter::None),
         ] {
             let t = format!(
-                "[retry]\nmax_attempts = 2\nattempt_timeout_ms = 100\nbase_ms = 1\nfactor = 2\nmax_ms = 10\njitter = {text}\n"
+                "[retry]\nmax_attempts = 2\nattempt_timeout_ms = 100\nbase_ms = 1\nfactor = 2\nmax_ms = 10\njitter = {text}\n{GOOD}"
             );
             let p = Policy::from_toml(&t).expect("valid");
             assert_eq!(p.retry.backoff().expect("backoff").jitter(), jitter);
         }
-        let t = "[retry]\nmax_attempts = 2\nattempt_timeout_ms = 100\nbase_ms = 1\nfactor = 2\nmax_ms = 10\njitter = 1.5\n";
-        assert!(Policy::from_toml(t).is_err());
+        let t = format!(
+            "[retry]\nmax_attempts = 2\nattempt_timeout_ms = 100\nbase_ms = 1\nfactor = 2\nmax_ms = 10\njitter = 1.5\n{GOOD}"
+        );
+        assert!(Policy::from_toml(&t).is_err());
+    }
+
+    /// Any one key set alone, to a small or a large value, is accepted: a
+    /// default never contradicts what a user wrote.
+    #[test]
+    fn no_single_key_is_refused_because_of_a_default() {
+        let keys = [
+            ("deadline", "total_ms"),
+            ("retry", "attempt_timeout_ms"),
+            ("retry", "base_ms"),
+            ("retry", "max_ms"),
+            ("breaker", "cooldown_ms"),
+            ("stream", "first_token_timeout_ms"),
+            ("stream", "idle_timeout_ms"),
+            ("health", "probe_interval_ms"),
+            ("server", "header_read_timeout_ms"),
+            ("server", "idle_timeout_ms"),
+            ("server", "body_read_timeout_ms"),
+            ("server", "send_timeout_ms"),
+            ("server", "reload_settle_ms"),
+        ];
+        for (section, key) in keys {
+            for value in [1_u64, 1_500, 10_000_000] {
+                let text = format!("[{section}]\n{key} = {value}\n{GOOD}");
+                if let Err(e) = Policy::from_toml(&text) {
+                    panic!("[{section}] {key} = {value} alone is refused: {e}");
+                }
+            }
+        }
+        // The case the issue names, and what the defaults become.
+        let p = Policy::from_toml(&format!("[deadline]\ntotal_ms = 1500\n{GOOD}")).expect("valid");
+        assert_eq!(p.deadline.total_ms(), 1_500);
+        let p = Policy::from_toml(&format!("[retry]\nbase_ms = 5000\n{GOOD}")).expect("valid");
+        assert_eq!((p.retry.base_ms(), p.retry.max_ms()), (5_000, 5_000));
+        let p = Policy::from_toml(&format!("[retry]\nmax_ms = 50\n{GOOD}")).expect("valid");
+        assert_eq!((p.retry.base_ms(), p.retry.max_ms()), (50, 50));
+        // A contradiction the user wrote is still refused.
+        let both =
+            format!("[deadline]\ntotal_ms = 1500\n[retry]\nattempt_timeout_ms = 5000\n{GOOD}");
+        assert_eq!(
+            problems(&both),
+            ["retry.attempt_timeout_ms (5000) is longer than deadline.total_ms (1500)"]
+        );
+    }
+
+    #[test]
+    fn a_policy_without_routes_is_refused() {
+        assert_eq!(problems(""), ["the policy has no routes ([[routes]])"]);
+        let no_routes = GOOD.split("[[routes]]").next().expect("text");
+        assert_eq!(
+            problems(no_routes),
+            ["the policy has no routes ([[routes]])"]
+        );
+        let zero = format!("[server]\nmax_in_flight = 0\n{GOOD}");
+        assert_eq!(problems(&zero), ["server.max_in_flight must be above 0"]);
     }
 }

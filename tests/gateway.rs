@@ -27,7 +27,7 @@ async fn happy_path_names_the_provider_model_and_attempts() {
     assert_eq!(a.json()["choices"][0]["message"]["content"], "hi there");
     assert_eq!(a.json()["object"], "chat.completion");
     assert_eq!(a.header("x-llm-provider"), "primary");
-    assert_eq!(a.header("x-llm-model-used"), "mock-model");
+    assert_eq!(a.header("x-llm-model-used"), "gpt-4o-mini");
     assert_eq!(a.header("x-llm-attempts"), "1");
     assert_eq!(a.header("x-request-id"), "req-0");
     // The route's model was sent upstream, with our key.

@@ -19,6 +19,8 @@ use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
@@ -27,14 +29,20 @@ use tower_http::request_id::{
 };
 use tower_http::trace::TraceLayer;
 use tower_llm::breaker::{BreakerHandle, BreakerLayer};
-use tower_llm::config::{ConfigError, Policy, ProviderConfig, ProviderServices, RouteService};
+use tower_llm::config::{
+    ConfigError, Policy, ProviderConfig, ProviderServices, RouteService, ServerPolicy,
+};
 use tower_llm::providers::RequestBody;
 use tower_llm::providers::openai::server::{
     decode_request, encode_chunk, encode_error, encode_first_chunk, encode_response,
 };
-use tower_llm::{ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics, Metrics};
+use tower_llm::{
+    AttemptRecord, ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics, Metrics,
+};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use super::server::Connection;
 
 /// The largest request body accepted (1 MiB): larger ones get 413.
 pub(crate) const MAX_REQUEST_BODY: usize = 1024 * 1024;
@@ -86,6 +94,11 @@ pub(crate) struct Gateway {
     /// Each provider's bulkhead, kept across reloads while its limit is
     /// unchanged, so calls in flight keep counting.
     bulkheads: Bulkheads,
+    /// The server limits the gateway started with (`[server]`; a reload
+    /// keeps them).
+    server: ServerPolicy,
+    /// Chat calls in flight (`server.max_in_flight`).
+    in_flight: Arc<Semaphore>,
 }
 
 /// Bulkheads by provider name, with their limit.
@@ -117,6 +130,7 @@ impl Gateway {
         let routes = build(
             &policy, &breaker, &metrics, &genai, &transport, &keys, &bulkheads,
         )?;
+        let server = routes.policy.server;
         Ok(Arc::new(Gateway {
             routes: ArcSwap::from_pointee(routes),
             breaker,
@@ -129,6 +143,8 @@ impl Gateway {
             keys,
             probes: Mutex::new(HashMap::new()),
             bulkheads,
+            in_flight: Arc::new(Semaphore::new(server.max_in_flight)),
+            server,
         }))
     }
 
@@ -157,6 +173,11 @@ impl Gateway {
     /// The policy being served.
     pub(crate) fn policy(&self) -> Policy {
         self.routes.load().policy.clone()
+    }
+
+    /// The server limits the gateway started with.
+    pub(crate) fn server_limits(&self) -> ServerPolicy {
+        self.server
     }
 
     /// The breaker's handle (circuit snapshots, manual control).
@@ -325,6 +346,11 @@ where
     if res.status() != StatusCode::PAYLOAD_TOO_LARGE {
         return res.map(Body::new);
     }
+    too_large()
+}
+
+/// 413 in OpenAI's error shape.
+fn too_large() -> Response {
     error(
         StatusCode::PAYLOAD_TOO_LARGE,
         &format!("request body over {MAX_REQUEST_BODY} bytes"),
@@ -369,21 +395,31 @@ fn failure_response(f: &Failure) -> Response {
             }
         }
     }
-    insert_attempts(res.headers_mut(), f.attempts().len(), None);
+    insert_attempts(res.headers_mut(), f.attempts(), None);
     res
 }
 
-fn insert_attempts(headers: &mut HeaderMap, attempts: usize, served: Option<(&str, &str)>) {
-    if let Ok(v) = HeaderValue::from_str(&attempts.to_string()) {
-        headers.insert("x-llm-attempts", v);
+/// `x-llm-attempts`, and for an answer `x-llm-provider` and
+/// `x-llm-model-used`: the provider and model of the link that served it,
+/// as the policy names them (never the upstream's own model name, which
+/// stays in the body: header values come from configuration only).
+fn insert_attempts(headers: &mut HeaderMap, attempts: &[AttemptRecord], position: Option<u8>) {
+    headers.insert("x-llm-attempts", HeaderValue::from(attempts.len()));
+    let Some(position) = position else {
+        return;
+    };
+    let Some(served) = attempts
+        .iter()
+        .rev()
+        .find(|a| a.fallback_position == position)
+    else {
+        return;
+    };
+    if let Ok(v) = HeaderValue::from_str(&served.provider) {
+        headers.insert("x-llm-provider", v);
     }
-    if let Some((provider, model)) = served {
-        if let Ok(v) = HeaderValue::from_str(provider) {
-            headers.insert("x-llm-provider", v);
-        }
-        if let Ok(v) = HeaderValue::from_str(model) {
-            headers.insert("x-llm-model-used", v);
-        }
+    if let Ok(v) = HeaderValue::from_str(&served.model) {
+        headers.insert("x-llm-model-used", v);
     }
 }
 
@@ -409,7 +445,50 @@ fn now_unix() -> u64 {
 }
 
 /// `POST /v1/chat/completions`.
-async fn chat(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Bytes) -> Response {
+///
+/// The call takes one of `server.max_in_flight` slots before its body is
+/// read (none free: 503 at once), reads the body within
+/// `server.body_read_timeout_ms` (408) and the 1 MiB cap (413), and keeps
+/// no copy of the body once it is decoded.
+async fn chat(
+    State(gw): State<Arc<Gateway>>,
+    conn: Option<axum::Extension<Connection>>,
+    req: axum::extract::Request,
+) -> Response {
+    let Ok(slot) = gw.in_flight.clone().try_acquire_owned() else {
+        let mut res = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the gateway is serving as many calls as it may; retry shortly",
+            "service_unavailable",
+            Some("overloaded"),
+        );
+        res.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return res;
+    };
+    let started = Instant::now();
+    let (parts, body) = req.into_parts();
+    let read = axum::body::to_bytes(body, MAX_REQUEST_BODY);
+    let body = match tokio::time::timeout(gw.server.body_read_timeout(), read).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) if is_length_limit(&e) => return too_large(),
+        Ok(Err(_)) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "the request body could not be read",
+                "invalid_request_error",
+                None,
+            );
+        }
+        Err(_) => {
+            return error(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body did not arrive in time",
+                "invalid_request_error",
+                Some("request_timeout"),
+            );
+        }
+    };
     let req = match decode_request(&body) {
         Ok(req) => req,
         Err(f) => {
@@ -421,46 +500,55 @@ async fn chat(State(gw): State<Arc<Gateway>>, headers: HeaderMap, body: Bytes) -
             );
         }
     };
+    let include_usage = req.stream && wants_usage(&body);
+    drop(body);
     // In-flight calls keep the routes they started with.
     let routes = gw.routes.load_full();
+    let deadline = started + routes.policy.deadline.total();
     let span = tracing::info_span!("gateway.chat", route = %req.model, stream = req.stream);
-    if let Some(cx) = inbound_context(&headers) {
+    if let Some(cx) = inbound_context(&parts.headers) {
         let _ = span.set_parent(cx);
     }
-    let alias = req.model.clone();
-    let include_usage = req.stream && wants_usage(&body);
     if req.stream {
-        let Some(svc) = routes.stream.get(&alias).cloned() else {
-            return unknown_route(&alias);
+        let Some(svc) = routes.stream.get(&req.model).cloned() else {
+            return unknown_route(&req.model);
         };
+        drop(routes);
         match svc.oneshot(req).instrument(span).await {
-            Ok(stream) => sse(stream, include_usage),
+            Ok(stream) => sse(stream, include_usage, deadline, conn.map(|c| c.0), slot),
             Err(f) => failure_response(&f),
         }
     } else {
-        let Some(svc) = routes.unary.get(&alias).cloned() else {
-            return unknown_route(&alias);
+        let Some(svc) = routes.unary.get(&req.model).cloned() else {
+            return unknown_route(&req.model);
         };
+        drop(routes);
         match svc.oneshot(req).instrument(span).await {
             Ok(res) => {
-                let served = res
-                    .attempts
-                    .iter()
-                    .rev()
-                    .find(|a| a.fallback_position == res.fallback_position);
-                let provider = served.map_or(res.provider.to_string(), |a| a.provider.to_string());
                 let mut out =
                     axum::Json(encode_response(&res, &res.model, now_unix())).into_response();
                 insert_attempts(
                     out.headers_mut(),
-                    res.attempts.len(),
-                    Some((&provider, &res.model)),
+                    &res.attempts,
+                    Some(res.fallback_position),
                 );
                 out
             }
             Err(f) => failure_response(&f),
         }
     }
+}
+
+/// `true` when `e` is the body cap's error.
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 fn unknown_route(alias: &str) -> Response {
@@ -472,34 +560,63 @@ fn unknown_route(alias: &str) -> Response {
     )
 }
 
-/// A committed stream as OpenAI server-sent events: one `data:` per chunk,
-/// `data: [DONE]` at a clean end, or one `data: {"error": ...}` event for a
-/// failure after the commit point (and no `[DONE]`).
-/// `stream_options.include_usage` in a request body.
+/// `stream_options.include_usage` in a request body (read without
+/// building a copy of the rest of it).
 fn wants_usage(body: &[u8]) -> bool {
-    serde_json::from_slice::<serde_json::Value>(body)
+    #[derive(serde::Deserialize)]
+    struct Body {
+        #[serde(default)]
+        stream_options: Option<StreamOptions>,
+    }
+    #[derive(serde::Deserialize)]
+    struct StreamOptions {
+        #[serde(default)]
+        include_usage: Option<bool>,
+    }
+    serde_json::from_slice::<Body>(body)
         .ok()
-        .and_then(|b| {
-            b.pointer("/stream_options/include_usage")
-                .and_then(serde_json::Value::as_bool)
-        })
+        .and_then(|b| b.stream_options?.include_usage)
         .unwrap_or(false)
 }
 
 /// Stream ids: unique per process.
 static STREAMS: AtomicU64 = AtomicU64::new(0);
 
-fn sse(stream: ChatStream, include_usage: bool) -> Response {
-    let served = stream
-        .attempts()
-        .iter()
-        .rev()
-        .find(|a| a.fallback_position == stream.fallback_position())
-        .map(|a| a.provider.to_string())
-        .unwrap_or_else(|| stream.provider().to_owned());
+/// Frames a committed stream holds between the upstream and the client.
+const SSE_BUFFER: usize = 16;
+
+/// How long a client has to take the deadline's error event before its
+/// connection is closed.
+const CLOSE_GRACE: Duration = Duration::from_millis(100);
+
+/// A committed stream as OpenAI server-sent events: one `data:` per chunk,
+/// `data: [DONE]` at a clean end, or one `data: {"error": ...}` event for a
+/// failure after the commit point (and no `[DONE]`).
+///
+/// A task moves the frames from the upstream to the client through a
+/// small buffer, so the call's deadline ends the upstream side by itself,
+/// whether or not the client reads: at the deadline the upstream stream is
+/// dropped (its connection closed, its generation stopped), the client is
+/// sent the deadline's error event, and a client that has not taken it
+/// within [`CLOSE_GRACE`] has its connection closed.
+fn sse(
+    stream: ChatStream,
+    include_usage: bool,
+    deadline: Instant,
+    conn: Option<Connection>,
+    slot: OwnedSemaphorePermit,
+) -> Response {
+    let position = stream.fallback_position();
+    let mut res = Response::new(Body::empty());
+    let headers = res.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    insert_attempts(headers, stream.attempts(), Some(position));
     let model = stream.model().to_owned();
-    let attempts = stream.attempts().len();
-    let events = Frames {
+    let frames = Frames {
         stream,
         done: false,
         id: format!(
@@ -510,18 +627,80 @@ fn sse(stream: ChatStream, include_usage: bool) -> Response {
         first: true,
         include_usage,
         usage: tower_llm::Usage::default(),
-        model: model.clone(),
+        model,
         created: now_unix(),
     };
-    let mut res = Response::new(Body::from_stream(events));
-    let headers = res.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    insert_attempts(headers, attempts, Some((&served, &model)));
+    let (tx, rx) = tokio::sync::mpsc::channel(SSE_BUFFER);
+    let (taken, gone) = tokio::sync::oneshot::channel();
+    tokio::spawn(pump(frames, tx, deadline, conn, gone, slot));
+    *res.body_mut() = Body::from_stream(Delivered { rx, _taken: taken });
     res
+}
+
+/// Moves `frames` to the client until they end, the client goes, or the
+/// deadline passes (see [`sse`]).
+async fn pump(
+    mut frames: Frames,
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+    deadline: Instant,
+    conn: Option<Connection>,
+    mut gone: tokio::sync::oneshot::Receiver<()>,
+    _slot: OwnedSemaphorePermit,
+) {
+    let forward = async {
+        while let Some(Ok(frame)) = std::future::poll_fn(|cx| {
+            futures_core::Stream::poll_next(std::pin::Pin::new(&mut frames), cx)
+        })
+        .await
+        {
+            if tx.send(frame).await.is_err() {
+                return; // the client is gone
+            }
+        }
+    };
+    if tokio::time::timeout_at(deadline, forward).await.is_ok() {
+        return;
+    }
+    // The deadline: the upstream side ends now, read or not.
+    drop(frames);
+    let _ = tx.try_send(error_frame(
+        &Failure::deadline_exceeded().with_message("the call's deadline passed"),
+    ));
+    drop(tx);
+    if tokio::time::timeout(CLOSE_GRACE, &mut gone).await.is_err() {
+        if let Some(conn) = conn {
+            tracing::debug!(target: "gateway", "closing a connection that stopped reading its stream");
+            conn.close();
+        }
+    }
+}
+
+/// The client's side of a streamed answer: frames from [`pump`]; dropping
+/// it (the answer was sent whole, or the client went) tells the pump.
+struct Delivered {
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
+    _taken: tokio::sync::oneshot::Sender<()>,
+}
+
+impl futures_core::Stream for Delivered {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx).map(|frame| frame.map(Ok))
+    }
+}
+
+/// The `data:` event of a failure after the commit point.
+fn error_frame(f: &Failure) -> Bytes {
+    let body = encode_error(
+        f.message().unwrap_or("the stream failed"),
+        "stream_error",
+        Some(f.class().as_metric_label()),
+    );
+    Bytes::from(format!("data: {body}\n\n"))
 }
 
 /// The SSE frames of a committed stream: the first carries the role;
@@ -581,12 +760,7 @@ impl futures_core::Stream for Frames {
                 }
                 Some(Err(f)) => {
                     this.done = true;
-                    let body = encode_error(
-                        f.message().unwrap_or("the stream failed"),
-                        "stream_error",
-                        Some(f.class().as_metric_label()),
-                    );
-                    break format!("data: {body}\n\n");
+                    return Poll::Ready(Some(Ok(error_frame(&f))));
                 }
                 None => {
                     this.done = true;
@@ -646,11 +820,25 @@ async fn providers(State(gw): State<Arc<Gateway>>) -> Response {
     axum::Json(probes).into_response()
 }
 
-/// Reloads the policy on SIGHUP and when the file's modification time
-/// changes (checked every second). An invalid file is logged and ignored.
+/// What the reload watcher compares: a file's modification time and size.
+type Seen = Option<(SystemTime, u64)>;
+
+fn seen(path: &std::path::Path) -> Seen {
+    std::fs::metadata(path)
+        .ok()
+        .and_then(|m| Some((m.modified().ok()?, m.len())))
+}
+
+/// Reloads the policy on SIGHUP and when the file changes (checked every
+/// second). A changed file is read once it has stayed unchanged for
+/// `server.reload_settle_ms` (so a writer that truncates and then rewrites
+/// is never caught half-way); a file that does not parse or validate (an
+/// empty one, one without routes) is logged and refused, and the running
+/// policy stays. Calls in flight are never dropped: each keeps the routes
+/// it started with.
 pub(crate) async fn reload_on_change(gateway: Arc<Gateway>, path: std::path::PathBuf) {
-    let modified = |p: &std::path::PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let mut seen = modified(&path);
+    let settle = gateway.server.reload_settle();
+    let mut last = seen(&path);
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -668,19 +856,28 @@ pub(crate) async fn reload_on_change(gateway: Arc<Gateway>, path: std::path::Pat
             _ = tick.tick() => false,
             s = signalled => s,
         };
-        let now = modified(&path);
-        if !forced && now == seen {
+        let mut now = seen(&path);
+        if !forced && now == last {
             continue;
         }
-        seen = now;
+        // Wait for the writer to finish: unchanged for a whole settle time.
+        loop {
+            tokio::time::sleep(settle).await;
+            let again = seen(&path);
+            if again == now {
+                break;
+            }
+            now = again;
+        }
+        last = now;
         let result = std::fs::read_to_string(&path)
             .map_err(|e| e.to_string())
             .and_then(|text| Policy::from_toml(&text).map_err(|e| e.to_string()))
             .and_then(|policy| gateway.reload(policy).map_err(|e| e.to_string()));
         match result {
-            Ok(()) => tracing::info!(path = %path.display(), "policy reloaded"),
+            Ok(()) => tracing::info!(target: "gateway", path = %path.display(), "policy reloaded"),
             Err(e) => {
-                tracing::error!(path = %path.display(), error = %e, "reload refused; the running policy stays")
+                tracing::error!(target: "gateway", path = %path.display(), error = %e, "reload refused; the running policy stays")
             }
         }
     }

@@ -14,8 +14,13 @@
 //!   `x-llm-model-used` and `x-llm-attempts` headers.
 //! - `GET /metrics`, `GET /health`, `GET /health/circuits`,
 //!   `GET /health/providers`.
-//! - The config file is reloaded on SIGHUP and when it changes; an invalid
-//!   file is refused and the running policy stays.
+//! - The config file is reloaded on SIGHUP and when it changes (once it
+//!   has stayed unchanged for `server.reload_settle_ms`); an invalid file
+//!   is refused and the running policy stays.
+//! - The server enforces the `[server]` limits (header, idle, body and send
+//!   timeouts, connection and in-flight caps) and shuts down gracefully on
+//!   SIGTERM or ctrl-c: it stops accepting, lets calls in flight finish up
+//!   to their deadline, then exits.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,6 +37,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 #[allow(dead_code)]
 mod app;
+mod server;
 
 use app::{Gateway, KeySource};
 
@@ -187,6 +193,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .or_else(|| policy.listen.clone())
         .unwrap_or_else(|| "127.0.0.1:8080".to_owned());
     let probe_every = policy.health.probe_interval_ms;
+    let limits = policy.server;
+    let grace = policy.deadline.total();
     let transport =
         tower_llm::providers::https::client_with_connect_timeout(Duration::from_secs(5));
     let gateway = Gateway::new(policy, transport, keys)?;
@@ -207,10 +215,6 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
 
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     let addr = listener.local_addr()?;
-    // No Nagle delays on accepted sockets (the upstream client sets its own).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
     println!("tower-llm gateway listening on http://{addr}");
     if args.config.is_none() {
         println!(
@@ -222,10 +226,27 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         "  curl -si http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"smart\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'"
     );
     println!("  curl -s http://{addr}/health/circuits    curl -s http://{addr}/metrics");
-    axum::serve(listener, gateway.router())
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+    server::serve(listener, gateway.router(), limits, grace, shutdown_signal()).await?;
+    tracing::info!(target: "gateway", "stopped");
     Ok(())
+}
+
+/// Resolves on ctrl-c or SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+    tracing::info!(target: "gateway", "shutting down: no new connections; calls in flight finish");
 }

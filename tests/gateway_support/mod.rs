@@ -18,6 +18,9 @@ use tower_llm_providers::mock::{MockServer, Reply};
 #[allow(dead_code, unreachable_pub)]
 #[path = "../../examples/gateway/app.rs"]
 pub(crate) mod app;
+#[allow(dead_code, unreachable_pub)]
+#[path = "../../examples/gateway/server.rs"]
+pub(crate) mod server;
 
 use app::{Gateway, KeySource};
 
@@ -73,6 +76,10 @@ pub(crate) struct Harness {
     pub(crate) primary: MockServer,
     pub(crate) backup: MockServer,
     pub(crate) client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    /// Stops the server gracefully when sent (or dropped).
+    pub(crate) stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The server's task: ends once it has stopped.
+    pub(crate) served: Option<tokio::task::JoinHandle<()>>,
 }
 
 pub(crate) async fn start(primary: Reply, backup: Reply, extra: &str) -> Harness {
@@ -87,8 +94,13 @@ pub(crate) async fn start(primary: Reply, backup: Reply, extra: &str) -> Harness
         .expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let router = gateway.clone().router();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, router).await;
+    let limits = gateway.server_limits();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(async move {
+        let _ = server::serve(listener, router, limits, Duration::from_secs(2), async {
+            let _ = stopped.await;
+        })
+        .await;
     });
     Harness {
         gateway,
@@ -96,6 +108,8 @@ pub(crate) async fn start(primary: Reply, backup: Reply, extra: &str) -> Harness
         primary,
         backup,
         client: Client::builder(TokioExecutor::new()).build_http(),
+        stop: Some(stop),
+        served: Some(served),
     }
 }
 

@@ -1,0 +1,373 @@
+//! The gateway's HTTP server: hyper's HTTP/1 connection builder with the
+//! limits of the policy's `[server]` section, in place of `axum::serve`
+//! (which has no timer, so hyper's timeouts are off and a slow or idle
+//! client holds its connection forever).
+//!
+//! Per connection:
+//! - **head**: from its first byte, a request head must arrive within
+//!   `header_read_timeout_ms` (slowloris);
+//! - **idle**: with no request in progress and no byte received, the
+//!   connection is closed after `idle_timeout_ms`;
+//! - **send**: while the server has bytes to write and the client reads
+//!   none, the connection is closed after `send_timeout_ms`;
+//! - **closed by the call**: a streamed answer whose call passed its
+//!   deadline closes its connection (see [`Connection::close`]).
+//!
+//! At most `max_connections` are open; further clients wait in the listen
+//! queue. On shutdown the listener closes, every connection finishes the
+//! call it is serving (keep-alive off), and connections still open after
+//! the grace period are dropped.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use hyper::body::{Frame, SizeHint};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
+use tower::ServiceExt;
+use tower_llm::config::ServerPolicy;
+
+/// What a connection is doing, for its timers.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// No request in progress and no byte received since this instant.
+    Idle(Instant),
+    /// A request's head is arriving (its first byte came at this instant).
+    Head(Instant),
+    /// Requests in progress.
+    Busy,
+}
+
+#[derive(Debug)]
+struct State {
+    phase: Phase,
+    /// Requests whose answer has not been sent whole.
+    requests: usize,
+    /// Since when a write has been waiting on a client that reads nothing.
+    write_blocked: Option<Instant>,
+}
+
+/// One accepted connection, as its requests see it (in their extensions).
+#[derive(Debug, Clone)]
+pub(crate) struct Connection(Arc<Shared>);
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    closed: AtomicBool,
+    changed: Notify,
+}
+
+impl Connection {
+    fn new() -> Self {
+        Connection(Arc::new(Shared {
+            state: Mutex::new(State {
+                phase: Phase::Idle(Instant::now()),
+                requests: 0,
+                write_blocked: None,
+            }),
+            closed: AtomicBool::new(false),
+            changed: Notify::new(),
+        }))
+    }
+
+    /// Closes the connection now, whatever it is doing (its socket is
+    /// dropped; a client reading nothing is not waited for).
+    pub(crate) fn close(&self) {
+        self.0.closed.store(true, Ordering::SeqCst);
+        self.0.changed.notify_one();
+    }
+
+    fn update(&self, f: impl FnOnce(&mut State) -> bool) {
+        let notify = f(&mut self.0.state.lock().unwrap_or_else(PoisonError::into_inner));
+        if notify {
+            self.0.changed.notify_one();
+        }
+    }
+
+    fn request_started(&self) {
+        self.update(|s| {
+            s.requests += 1;
+            s.phase = Phase::Busy;
+            true
+        });
+    }
+
+    fn request_ended(&self) {
+        self.update(|s| {
+            s.requests = s.requests.saturating_sub(1);
+            if s.requests == 0 {
+                s.phase = Phase::Idle(Instant::now());
+            }
+            true
+        });
+    }
+
+    fn read_bytes(&self) {
+        self.update(|s| match s.phase {
+            Phase::Idle(_) => {
+                s.phase = Phase::Head(Instant::now());
+                true
+            }
+            _ => false,
+        });
+    }
+
+    fn write_blocked(&self, blocked: bool) {
+        self.update(|s| match (blocked, s.write_blocked) {
+            (true, None) => {
+                s.write_blocked = Some(Instant::now());
+                true
+            }
+            (false, Some(_)) => {
+                s.write_blocked = None;
+                true
+            }
+            _ => false,
+        });
+    }
+
+    /// When the connection must be closed unless something happens first.
+    fn expires(&self, limits: &ServerPolicy) -> Option<Instant> {
+        let s = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let phase = match s.phase {
+            Phase::Idle(since) => Some(since + limits.idle_timeout()),
+            Phase::Head(since) => Some(since + limits.header_read_timeout()),
+            Phase::Busy => None,
+        };
+        let send = s.write_blocked.map(|since| since + limits.send_timeout());
+        match (phase, send) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The socket, watched: reads move an idle connection to reading a head,
+/// writes that wait on the client start the send timer.
+struct Watched {
+    io: TcpStream,
+    conn: Connection,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.conn.read_bytes();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.conn.write_blocked(polled.is_pending());
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.conn.write_blocked(polled.is_pending());
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.io).poll_flush(cx);
+        self.conn.write_blocked(polled.is_pending());
+        polled
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// An answer's body that tells its connection when it has been sent whole
+/// (or dropped).
+struct Tracked {
+    body: Body,
+    conn: Option<Connection>,
+}
+
+impl Tracked {
+    fn end(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            conn.request_ended();
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) {
+            self.end();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Serves `router` on `listener` with `limits` until `shutdown` resolves;
+/// then stops accepting, lets each connection finish the call it serves
+/// for up to `grace`, and returns.
+///
+/// # Errors
+///
+/// None yet: accept errors (too many open files, a reset before accept)
+/// are retried after a short pause, as `axum::serve` does.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ServerPolicy,
+    grace: Duration,
+    shutdown: impl Future<Output = ()> + Send,
+) -> io::Result<()> {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let slot = tokio::select! {
+            _ = &mut shutdown => break,
+            slot = slots.clone().acquire_owned() => slot,
+        };
+        let Ok(slot) = slot else { break };
+        let accepted = tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => accepted,
+        };
+        let tcp = match accepted {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                tracing::debug!(target: "gateway", error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let router = router.clone();
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            connection(tcp, router, limits, grace, &mut stopped).await;
+            drop(slot);
+        });
+    }
+    drop(listener);
+    let _ = stop.send(true);
+    // Every connection holds a slot until it is gone.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(grace + Duration::from_secs(1), slots.acquire_many(all)).await;
+    Ok(())
+}
+
+/// Serves one connection until it ends, a limit closes it, or the
+/// shutdown's grace period runs out.
+async fn connection(
+    tcp: TcpStream,
+    router: Router,
+    limits: ServerPolicy,
+    grace: Duration,
+    stopped: &mut tokio::sync::watch::Receiver<bool>,
+) {
+    let conn = Connection::new();
+    let io = TokioIo::new(Watched {
+        io: tcp,
+        conn: conn.clone(),
+    });
+    let service = {
+        let conn = conn.clone();
+        hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+            conn.request_started();
+            req.extensions_mut().insert(conn.clone());
+            let conn = conn.clone();
+            let call = router.clone().oneshot(req.map(Body::new));
+            async move {
+                let res = match call.await {
+                    Ok(res) => res,
+                    Err(never) => match never {},
+                };
+                Ok::<_, std::convert::Infallible>(res.map(|body| Tracked {
+                    body,
+                    conn: Some(conn),
+                }))
+            }
+        })
+    };
+    let served = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+    let mut served = std::pin::pin!(served);
+    let mut stop_by: Option<Instant> = None;
+    loop {
+        if conn.0.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let changed = conn.0.changed.notified();
+        let expires = match (conn.expires(&limits), stop_by) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        tokio::select! {
+            _ = served.as_mut() => return,
+            _ = changed => {}
+            _ = tokio::time::sleep_until(expires.unwrap_or_else(Instant::now)), if expires.is_some() => {
+                let now = Instant::now();
+                if stop_by.is_some_and(|t| t <= now)
+                    || conn.expires(&limits).is_some_and(|t| t <= now)
+                {
+                    return;
+                }
+            }
+            _ = stopped.changed(), if stop_by.is_none() => {
+                served.as_mut().graceful_shutdown();
+                stop_by = Some(Instant::now() + grace);
+            }
+        }
+    }
+}
