@@ -343,12 +343,13 @@ pub struct HealthPolicy {
 #[serde(default, deny_unknown_fields)]
 pub struct ServerPolicy {
     /// `header_read_timeout_ms`: the longest a client may take to send a
-    /// request's head, from its first byte (default 10,000). A connection
-    /// that takes longer is closed.
+    /// request's head: a new connection's first, from when it is accepted;
+    /// a kept-alive connection's next, from its first byte (default
+    /// 10,000). A connection that takes longer is closed.
     pub header_read_timeout_ms: u64,
-    /// `idle_timeout_ms`: how long a connection may sit with no request in
-    /// progress and no byte received, after it is accepted or its last
-    /// answer was sent, before it is closed (default 60,000).
+    /// `idle_timeout_ms`: how long a kept-alive connection may sit, after
+    /// its last answer was sent, with no request in progress and no byte
+    /// received or sent, before it is closed (default 60,000).
     pub idle_timeout_ms: u64,
     /// `body_read_timeout_ms`: the longest a client may take to send a
     /// whole request body; a slower one gets 408 (default 30,000).
@@ -361,11 +362,17 @@ pub struct ServerPolicy {
     /// connections wait in the listen queue (the kernel's backlog) until
     /// one closes (default 4,096).
     pub max_connections: usize,
-    /// `max_in_flight`: chat calls served at once, streams included until
-    /// they end; beyond it a call is answered 503 with `Retry-After: 1`
-    /// before its body is read (default 256). With the 1 MiB body cap this
-    /// bounds the memory that request bodies can hold.
+    /// `max_in_flight`: chat calls served at once, from when their body
+    /// has been read until their answer has been sent whole (a stream until
+    /// it ends); beyond it a call is answered 503 with `Retry-After: 1`
+    /// (default 256).
     pub max_in_flight: usize,
+    /// `max_body_bytes_in_flight`: the bytes of request bodies the gateway
+    /// holds at once, being read or being served; a chunk that would go
+    /// past it gets 503 with `Retry-After: 1` (default 268,435,456:
+    /// 256 MiB). Each chunk counts as it arrives, so a client trickling a
+    /// body holds only what it has sent.
+    pub max_body_bytes_in_flight: usize,
     /// `reload_settle_ms`: on a file change, how long the policy file must
     /// stay unchanged before it is read (a writer that truncates and then
     /// rewrites is never caught half-way; default 500).
@@ -381,6 +388,7 @@ impl Default for ServerPolicy {
             send_timeout_ms: 30_000,
             max_connections: 4_096,
             max_in_flight: 256,
+            max_body_bytes_in_flight: 256 * 1024 * 1024,
             reload_settle_ms: 500,
         }
     }
@@ -389,9 +397,13 @@ impl Default for ServerPolicy {
 impl ServerPolicy {
     /// The largest `max_connections` and `max_in_flight`.
     pub const MAX_LIMIT: usize = 1 << 20;
+    /// The largest `max_body_bytes_in_flight` (the most a tokio semaphore
+    /// counts).
+    pub const MAX_BODY_BYTES: usize = tokio::sync::Semaphore::MAX_PERMITS;
 
-    /// Checks every limit is above 0 (and the two counts at most
-    /// [`MAX_LIMIT`](Self::MAX_LIMIT)).
+    /// Checks every limit is above 0 and the counts within
+    /// [`MAX_LIMIT`](Self::MAX_LIMIT) and
+    /// [`MAX_BODY_BYTES`](Self::MAX_BODY_BYTES).
     ///
     /// # Errors
     ///
@@ -411,20 +423,26 @@ impl ServerPolicy {
                 "max_in_flight",
                 u64::try_from(self.max_in_flight).unwrap_or(u64::MAX),
             ),
+            (
+                "max_body_bytes_in_flight",
+                u64::try_from(self.max_body_bytes_in_flight).unwrap_or(u64::MAX),
+            ),
         ] {
             if value == 0 {
                 p.push(format!("server.{key} must be above 0"));
             }
         }
-        for (key, value) in [
-            ("max_connections", self.max_connections),
-            ("max_in_flight", self.max_in_flight),
+        for (key, value, max) in [
+            ("max_connections", self.max_connections, Self::MAX_LIMIT),
+            ("max_in_flight", self.max_in_flight, Self::MAX_LIMIT),
+            (
+                "max_body_bytes_in_flight",
+                self.max_body_bytes_in_flight,
+                Self::MAX_BODY_BYTES,
+            ),
         ] {
-            if value > Self::MAX_LIMIT {
-                p.push(format!(
-                    "server.{key} must be at most {}, not {value}",
-                    Self::MAX_LIMIT
-                ));
+            if value > max {
+                p.push(format!("server.{key} must be at most {max}, not {value}"));
             }
         }
         if p.is_empty() {

@@ -99,6 +99,8 @@ pub(crate) struct Gateway {
     server: ServerPolicy,
     /// Chat calls in flight (`server.max_in_flight`).
     in_flight: Arc<Semaphore>,
+    /// Bytes of request bodies held (`server.max_body_bytes_in_flight`).
+    body_bytes: Arc<Semaphore>,
 }
 
 /// Bulkheads by provider name, with their limit.
@@ -115,6 +117,7 @@ impl Gateway {
         transport: Transport,
         keys: KeySource,
     ) -> Result<Arc<Self>, ConfigError> {
+        policy.validate()?;
         let registry = prometheus::Registry::new();
         let exporter = opentelemetry_prometheus::exporter()
             .with_registry(registry.clone())
@@ -144,6 +147,7 @@ impl Gateway {
             probes: Mutex::new(HashMap::new()),
             bulkheads,
             in_flight: Arc::new(Semaphore::new(server.max_in_flight)),
+            body_bytes: Arc::new(Semaphore::new(server.max_body_bytes_in_flight)),
             server,
         }))
     }
@@ -157,6 +161,12 @@ impl Gateway {
     /// Why `policy` cannot be served.
     pub(crate) fn reload(&self, policy: Policy) -> Result<(), ConfigError> {
         policy.validate()?;
+        if policy.server != self.server {
+            tracing::warn!(
+                target: "gateway",
+                "the [server] section changed: its limits take effect at the next start"
+            );
+        }
         let routes = build(
             &policy,
             &self.breaker,
@@ -444,50 +454,121 @@ fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// What a call holds while it is served: its in-flight slot and the bytes
+/// of its request body (released when its answer has been sent whole, or
+/// dropped).
+struct Held {
+    _slot: OwnedSemaphorePermit,
+    _body: Option<OwnedSemaphorePermit>,
+}
+
+/// 503 with `Retry-After: 1`: a gateway-wide limit is reached.
+fn overloaded(what: &str) -> Response {
+    let mut res = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!("the gateway is at its limit of {what}; retry shortly"),
+        "service_unavailable",
+        Some("overloaded"),
+    );
+    res.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    res
+}
+
+/// Reads a request body within `server.body_read_timeout_ms` (408), the
+/// 1 MiB cap (413) and the gateway-wide `server.max_body_bytes_in_flight`
+/// (503): each chunk takes its bytes from that budget as it arrives, so a
+/// client trickling a body holds only what it has sent.
+async fn read_body(
+    gw: &Gateway,
+    body: Body,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Response> {
+    use http_body_util::BodyExt as _;
+    let mut held: Option<OwnedSemaphorePermit> = None;
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut len = 0_usize;
+    let read = async {
+        let mut body = body;
+        while let Some(frame) = body.frame().await {
+            let frame = match frame {
+                Ok(frame) => frame,
+                Err(e) if is_length_limit(&e) => return Err(too_large()),
+                Err(_) => {
+                    return Err(error(
+                        StatusCode::BAD_REQUEST,
+                        "the request body could not be read",
+                        "invalid_request_error",
+                        None,
+                    ));
+                }
+            };
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers
+            };
+            len += data.len();
+            if len > MAX_REQUEST_BODY {
+                return Err(too_large());
+            }
+            let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
+            let Ok(bytes) = gw.body_bytes.clone().try_acquire_many_owned(n) else {
+                return Err(overloaded("request bytes in flight"));
+            };
+            match &mut held {
+                Some(h) => h.merge(bytes),
+                None => held = Some(bytes),
+            }
+            chunks.push(data);
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(gw.server.body_read_timeout(), read).await {
+        Ok(Ok(())) => {}
+        Ok(Err(res)) => return Err(res),
+        Err(_) => {
+            return Err(error(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body did not arrive in time",
+                "invalid_request_error",
+                Some("request_timeout"),
+            ));
+        }
+    }
+    // One chunk (the usual case) is used as it is; several are joined once.
+    let body = if chunks.len() == 1 {
+        chunks.pop().unwrap_or_default()
+    } else {
+        let mut joined = Vec::with_capacity(len);
+        for chunk in chunks {
+            joined.extend_from_slice(&chunk);
+        }
+        Bytes::from(joined)
+    };
+    Ok((body, held))
+}
+
 /// `POST /v1/chat/completions`.
 ///
-/// The call takes one of `server.max_in_flight` slots before its body is
-/// read (none free: 503 at once), reads the body within
-/// `server.body_read_timeout_ms` (408) and the 1 MiB cap (413), and keeps
-/// no copy of the body once it is decoded.
+/// The body is read within `server.body_read_timeout_ms` (408), the 1 MiB
+/// cap (413) and the gateway-wide byte budget (503); the call then takes
+/// one of `server.max_in_flight` slots (none free: 503) and holds it, with
+/// its body's bytes, until its answer has been sent. No copy of the body is
+/// kept once it is decoded.
 async fn chat(
     State(gw): State<Arc<Gateway>>,
     conn: Option<axum::Extension<Connection>>,
     req: axum::extract::Request,
 ) -> Response {
-    let Ok(slot) = gw.in_flight.clone().try_acquire_owned() else {
-        let mut res = error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the gateway is serving as many calls as it may; retry shortly",
-            "service_unavailable",
-            Some("overloaded"),
-        );
-        res.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return res;
-    };
-    let started = Instant::now();
     let (parts, body) = req.into_parts();
-    let read = axum::body::to_bytes(body, MAX_REQUEST_BODY);
-    let body = match tokio::time::timeout(gw.server.body_read_timeout(), read).await {
-        Ok(Ok(body)) => body,
-        Ok(Err(e)) if is_length_limit(&e) => return too_large(),
-        Ok(Err(_)) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "the request body could not be read",
-                "invalid_request_error",
-                None,
-            );
-        }
-        Err(_) => {
-            return error(
-                StatusCode::REQUEST_TIMEOUT,
-                "the request body did not arrive in time",
-                "invalid_request_error",
-                Some("request_timeout"),
-            );
-        }
+    let (body, body_bytes) = match read_body(&gw, body).await {
+        Ok(read) => read,
+        Err(res) => return res,
+    };
+    let Ok(slot) = gw.in_flight.clone().try_acquire_owned() else {
+        return overloaded("calls in flight");
+    };
+    let held = Held {
+        _slot: slot,
+        _body: body_bytes,
     };
     let req = match decode_request(&body) {
         Ok(req) => req,
@@ -504,7 +585,8 @@ async fn chat(
     drop(body);
     // In-flight calls keep the routes they started with.
     let routes = gw.routes.load_full();
-    let deadline = started + routes.policy.deadline.total();
+    // The call's deadline, as the deadline layer counts it (from now).
+    let deadline = Instant::now() + routes.policy.deadline.total();
     let span = tracing::info_span!("gateway.chat", route = %req.model, stream = req.stream);
     if let Some(cx) = inbound_context(&parts.headers) {
         let _ = span.set_parent(cx);
@@ -515,7 +597,7 @@ async fn chat(
         };
         drop(routes);
         match svc.oneshot(req).instrument(span).await {
-            Ok(stream) => sse(stream, include_usage, deadline, conn.map(|c| c.0), slot),
+            Ok(stream) => sse(stream, include_usage, deadline, conn.map(|c| c.0), held),
             Err(f) => failure_response(&f),
         }
     } else {
@@ -525,8 +607,26 @@ async fn chat(
         drop(routes);
         match svc.oneshot(req).instrument(span).await {
             Ok(res) => {
-                let mut out =
-                    axum::Json(encode_response(&res, &res.model, now_unix())).into_response();
+                let json = match serde_json::to_vec(&encode_response(&res, &res.model, now_unix()))
+                {
+                    Ok(json) => json,
+                    Err(_) => {
+                        return error(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "the answer could not be encoded",
+                            "server_error",
+                            None,
+                        );
+                    }
+                };
+                let mut out = Response::new(Body::new(Holding {
+                    body: http_body_util::Full::new(Bytes::from(json)),
+                    _held: held,
+                }));
+                out.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
                 insert_attempts(
                     out.headers_mut(),
                     &res.attempts,
@@ -536,6 +636,33 @@ async fn chat(
             }
             Err(f) => failure_response(&f),
         }
+    }
+}
+
+/// An answer's body that holds the call's [`Held`] until it has been sent
+/// whole (or dropped).
+struct Holding<B> {
+    body: B,
+    _held: Held,
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for Holding<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -604,7 +731,7 @@ fn sse(
     include_usage: bool,
     deadline: Instant,
     conn: Option<Connection>,
-    slot: OwnedSemaphorePermit,
+    held: Held,
 ) -> Response {
     let position = stream.fallback_position();
     let mut res = Response::new(Body::empty());
@@ -632,7 +759,7 @@ fn sse(
     };
     let (tx, rx) = tokio::sync::mpsc::channel(SSE_BUFFER);
     let (taken, gone) = tokio::sync::oneshot::channel();
-    tokio::spawn(pump(frames, tx, deadline, conn, gone, slot));
+    tokio::spawn(pump(frames, tx, deadline, conn, gone, held));
     *res.body_mut() = Body::from_stream(Delivered { rx, _taken: taken });
     res
 }
@@ -645,14 +772,23 @@ async fn pump(
     deadline: Instant,
     conn: Option<Connection>,
     mut gone: tokio::sync::oneshot::Receiver<()>,
-    _slot: OwnedSemaphorePermit,
+    _held: Held,
 ) {
     let forward = async {
-        while let Some(Ok(frame)) = std::future::poll_fn(|cx| {
-            futures_core::Stream::poll_next(std::pin::Pin::new(&mut frames), cx)
-        })
-        .await
-        {
+        loop {
+            let next = std::future::poll_fn(|cx| {
+                futures_core::Stream::poll_next(std::pin::Pin::new(&mut frames), cx)
+            });
+            // A client that goes stops the upstream at once, even while the
+            // upstream is silent.
+            let frame = tokio::select! {
+                biased;
+                _ = tx.closed() => return,
+                frame = next => frame,
+            };
+            let Some(Ok(frame)) = frame else {
+                return;
+            };
             if tx.send(frame).await.is_err() {
                 return; // the client is gone
             }
@@ -663,12 +799,17 @@ async fn pump(
     }
     // The deadline: the upstream side ends now, read or not.
     drop(frames);
-    let _ = tx.try_send(error_frame(
-        &Failure::deadline_exceeded().with_message("the call's deadline passed"),
-    ));
-    drop(tx);
-    if tokio::time::timeout(CLOSE_GRACE, &mut gone).await.is_err() {
-        if let Some(conn) = conn {
+    let failure = Failure::deadline_exceeded().with_message("the call's deadline passed");
+    let taken = tokio::time::timeout(CLOSE_GRACE, async {
+        // Room for the last event comes only if the client reads.
+        let _ = tx.send(error_frame(&failure)).await;
+        drop(tx);
+        let _ = (&mut gone).await;
+    })
+    .await
+    .is_ok();
+    if let Some(conn) = conn {
+        if !taken || conn.write_pending() {
             tracing::debug!(target: "gateway", "closing a connection that stopped reading its stream");
             conn.close();
         }

@@ -194,7 +194,6 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| "127.0.0.1:8080".to_owned());
     let probe_every = policy.health.probe_interval_ms;
     let limits = policy.server;
-    let grace = policy.deadline.total();
     let transport =
         tower_llm::providers::https::client_with_connect_timeout(Duration::from_secs(5));
     let gateway = Gateway::new(policy, transport, keys)?;
@@ -226,7 +225,15 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         "  curl -si http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"smart\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'"
     );
     println!("  curl -s http://{addr}/health/circuits    curl -s http://{addr}/metrics");
-    server::serve(listener, gateway.router(), limits, grace, shutdown_signal()).await?;
+    // Calls in flight at shutdown get the running policy's whole budget:
+    // their body's read time and their deadline.
+    let running = gateway.clone();
+    let shutdown = async move {
+        shutdown_signal().await;
+        let policy = running.policy();
+        policy.server.body_read_timeout() + policy.deadline.total()
+    };
+    server::serve(listener, gateway.router(), limits, shutdown).await?;
     tracing::info!(target: "gateway", "stopped");
     Ok(())
 }

@@ -4,10 +4,12 @@
 //! client holds its connection forever).
 //!
 //! Per connection:
-//! - **head**: from its first byte, a request head must arrive within
+//! - **head**: a new connection's first request head, and on a kept-alive
+//!   connection each later head from its first byte, must arrive within
 //!   `header_read_timeout_ms` (slowloris);
-//! - **idle**: with no request in progress and no byte received, the
-//!   connection is closed after `idle_timeout_ms`;
+//! - **idle**: after an answer has been sent, with no request in progress
+//!   and no byte received or sent, the connection is closed after
+//!   `idle_timeout_ms`;
 //! - **send**: while the server has bytes to write and the client reads
 //!   none, the connection is closed after `send_timeout_ms`;
 //! - **closed by the call**: a streamed answer whose call passed its
@@ -40,7 +42,8 @@ use tower_llm::config::ServerPolicy;
 /// What a connection is doing, for its timers.
 #[derive(Debug, Clone, Copy)]
 enum Phase {
-    /// No request in progress and no byte received since this instant.
+    /// No request in progress and no byte received or sent since this
+    /// instant.
     Idle(Instant),
     /// A request's head is arriving (its first byte came at this instant).
     Head(Instant),
@@ -71,8 +74,9 @@ struct Shared {
 impl Connection {
     fn new() -> Self {
         Connection(Arc::new(Shared {
+            // A new connection owes its first head at once.
             state: Mutex::new(State {
-                phase: Phase::Idle(Instant::now()),
+                phase: Phase::Head(Instant::now()),
                 requests: 0,
                 write_blocked: None,
             }),
@@ -123,24 +127,43 @@ impl Connection {
         });
     }
 
-    fn write_blocked(&self, blocked: bool) {
-        self.update(|s| match (blocked, s.write_blocked) {
-            (true, None) => {
+    /// A write was tried: `Pending` starts the send timer; bytes written
+    /// stop it, and keep an idle connection that is still sending the tail
+    /// of its last answer from counting as idle.
+    fn wrote(&self, polled: &Poll<io::Result<usize>>) {
+        self.update(|s| match polled {
+            Poll::Pending if s.write_blocked.is_none() => {
                 s.write_blocked = Some(Instant::now());
                 true
             }
-            (false, Some(_)) => {
-                s.write_blocked = None;
-                true
+            Poll::Ready(Ok(n)) if *n > 0 => {
+                if let Phase::Idle(since) = &mut s.phase {
+                    *since = Instant::now();
+                }
+                // The timer's task re-reads the state when it wakes.
+                s.write_blocked.take().is_some()
             }
             _ => false,
         });
+    }
+
+    /// `true` while bytes of an answer wait on a client that reads nothing.
+    pub(crate) fn write_pending(&self) -> bool {
+        self.0
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .write_blocked
+            .is_some()
     }
 
     /// When the connection must be closed unless something happens first.
     fn expires(&self, limits: &ServerPolicy) -> Option<Instant> {
         let s = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
         let phase = match s.phase {
+            // Bytes of the last answer still waiting on the client: that is
+            // sending (the send timer's), not idling.
+            Phase::Idle(_) if s.write_blocked.is_some() => None,
             Phase::Idle(since) => Some(since + limits.idle_timeout()),
             Phase::Head(since) => Some(since + limits.header_read_timeout()),
             Phase::Busy => None,
@@ -182,7 +205,7 @@ impl AsyncWrite for Watched {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let polled = Pin::new(&mut self.io).poll_write(cx, buf);
-        self.conn.write_blocked(polled.is_pending());
+        self.conn.wrote(&polled);
         polled
     }
 
@@ -192,7 +215,7 @@ impl AsyncWrite for Watched {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        self.conn.write_blocked(polled.is_pending());
+        self.conn.wrote(&polled);
         polled
     }
 
@@ -201,9 +224,7 @@ impl AsyncWrite for Watched {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let polled = Pin::new(&mut self.io).poll_flush(cx);
-        self.conn.write_blocked(polled.is_pending());
-        polled
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -256,9 +277,10 @@ impl hyper::body::Body for Tracked {
     }
 }
 
-/// Serves `router` on `listener` with `limits` until `shutdown` resolves;
-/// then stops accepting, lets each connection finish the call it serves
-/// for up to `grace`, and returns.
+/// Serves `router` on `listener` with `limits` until `shutdown` resolves
+/// (to the grace period); then stops accepting, lets each connection
+/// finish the call it serves for up to that grace, drops the connections
+/// still open, and returns.
 ///
 /// # Errors
 ///
@@ -268,20 +290,21 @@ pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ServerPolicy,
-    grace: Duration,
-    shutdown: impl Future<Output = ()> + Send,
+    shutdown: impl Future<Output = Duration> + Send,
 ) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let (stop, stopped) = tokio::sync::watch::channel(Duration::ZERO);
     let mut shutdown = std::pin::pin!(shutdown);
-    loop {
+    let grace = loop {
         let slot = tokio::select! {
-            _ = &mut shutdown => break,
+            grace = &mut shutdown => break grace,
             slot = slots.clone().acquire_owned() => slot,
         };
-        let Ok(slot) = slot else { break };
+        let Ok(slot) = slot else {
+            break Duration::ZERO;
+        };
         let accepted = tokio::select! {
-            _ = &mut shutdown => break,
+            grace = &mut shutdown => break grace,
             accepted = listener.accept() => accepted,
         };
         let tcp = match accepted {
@@ -296,12 +319,12 @@ pub(crate) async fn serve(
         let router = router.clone();
         let mut stopped = stopped.clone();
         tokio::spawn(async move {
-            connection(tcp, router, limits, grace, &mut stopped).await;
+            connection(tcp, router, limits, &mut stopped).await;
             drop(slot);
         });
-    }
+    };
     drop(listener);
-    let _ = stop.send(true);
+    let _ = stop.send(grace);
     // Every connection holds a slot until it is gone.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(grace + Duration::from_secs(1), slots.acquire_many(all)).await;
@@ -314,8 +337,7 @@ async fn connection(
     tcp: TcpStream,
     router: Router,
     limits: ServerPolicy,
-    grace: Duration,
-    stopped: &mut tokio::sync::watch::Receiver<bool>,
+    stopped: &mut tokio::sync::watch::Receiver<Duration>,
 ) {
     let conn = Connection::new();
     let io = TokioIo::new(Watched {
@@ -366,7 +388,7 @@ async fn connection(
             }
             _ = stopped.changed(), if stop_by.is_none() => {
                 served.as_mut().graceful_shutdown();
-                stop_by = Some(Instant::now() + grace);
+                stop_by = Some(Instant::now() + *stopped.borrow());
             }
         }
     }

@@ -1,0 +1,285 @@
+//! The whole stack on typed requests, side by side with the bare service
+//! and the peers in one run:
+//!
+//! - requests: a `ChatRequest` of 20 short messages, and one with a single
+//!   100 KB system prompt (plus one user message);
+//! - the terminal pends once before it answers, as a real provider does, so
+//!   every timer of every layer is really armed;
+//! - variants: bare; `tower::timeout` + `tower::retry` (a policy that keeps
+//!   a copy of the request, as any retrying policy must); the
+//!   `tower-resilience` crate's time limiter → retry → circuit breaker; and
+//!   tower-llm's full stack (deadline → fallback of 3 → retry → breaker,
+//!   per-call metrics on).
+//!
+//! Each call clones a prepared request (as a caller that keeps its own
+//! copy does); the bare service pays the same clone, so "over bare" is what
+//! the stack adds. Times are paired medians (41 alternating rounds);
+//! allocations and bytes are counted with `stats_alloc`.
+//!
+//! ```text
+//! cargo bench --bench typed
+//! ```
+
+use std::alloc::System;
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+use tower::{Layer, Service, ServiceBuilder};
+use tower_llm::breaker::BreakerLayer;
+use tower_llm::deadline::DeadlineLayer;
+use tower_llm::fallback::{FallbackLayer, LinkSpec};
+use tower_llm::retry::RetryLayer;
+use tower_llm::{
+    ChatRequest, ChatResponse, Choice, Failure, FinishReason, Message, Metrics, ServiceBuilderExt,
+    Usage,
+};
+
+mod support;
+use support::{NeverRetry, current_thread};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// A terminal that answers on its second poll (it wakes itself at once).
+#[derive(Clone)]
+struct PendOnce {
+    provider: Arc<str>,
+}
+
+struct PendOnceFuture {
+    polled: bool,
+    provider: Arc<str>,
+}
+
+impl Future for PendOnceFuture {
+    type Output = Result<ChatResponse, Failure>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if !self.polled {
+            self.polled = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(Ok(ChatResponse {
+            id: String::new(),
+            model: String::new(),
+            provider: self.provider.clone(),
+            fallback_position: 0,
+            degraded: false,
+            choices: vec![Choice {
+                index: 0,
+                text: String::new(),
+                tool_calls: Vec::new(),
+                finish_reason: FinishReason::Stop,
+            }],
+            usage: Usage::default(),
+            latency: Duration::ZERO,
+            attempts: Vec::new(),
+        }))
+    }
+}
+
+impl Service<ChatRequest> for PendOnce {
+    type Response = ChatResponse;
+    type Error = Failure;
+    type Future = PendOnceFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Failure>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: ChatRequest) -> Self::Future {
+        black_box(&req);
+        PendOnceFuture {
+            polled: false,
+            provider: self.provider.clone(),
+        }
+    }
+}
+
+fn bare() -> PendOnce {
+    PendOnce {
+        provider: Arc::from("openai"),
+    }
+}
+
+/// deadline (30 s, metrics on) → fallback (3 links) → retry → breaker.
+fn full_stack() -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
+    let breaker = BreakerLayer::new();
+    let link = || {
+        ServiceBuilder::new()
+            .llm_retry(RetryLayer::new())
+            .llm_breaker(breaker.clone())
+            .service(bare())
+    };
+    let fallback = FallbackLayer::builder(LinkSpec::new("openai", "gpt-4o"))
+        .or(LinkSpec::new("anthropic", "claude-sonnet-4-5"), link())
+        .or(LinkSpec::new("bedrock", "nova-pro"), link())
+        .build()
+        .expect("valid chain");
+    ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(30)).with_metrics(Metrics::global()))
+        .llm_fallback(fallback)
+        .service(link())
+}
+
+fn tower_peer() -> impl Service<ChatRequest, Response = ChatResponse> {
+    ServiceBuilder::new()
+        .timeout(Duration::from_secs(30))
+        .retry(NeverRetry)
+        .service(bare())
+}
+
+fn resilience_peer() -> impl Service<ChatRequest, Response = ChatResponse> {
+    let breaker = tower_resilience_circuitbreaker::CircuitBreakerLayer::builder()
+        .failure_rate_threshold(0.5)
+        .sliding_window_size(100)
+        .wait_duration_in_open(Duration::from_secs(30))
+        .build()
+        .expect("valid breaker config");
+    let retry = tower_resilience_retry::RetryLayer::<
+        ChatRequest,
+        ChatResponse,
+        tower_resilience_circuitbreaker::CircuitBreakerError<Failure>,
+    >::builder()
+    .max_attempts(3)
+    .exponential_backoff(Duration::from_millis(200))
+    .build();
+    let limiter = tower_resilience_timelimiter::TimeLimiterLayer::builder()
+        .timeout_duration(Duration::from_secs(30))
+        .cancel_running_future(true)
+        .build();
+    limiter.layer(retry.layer(breaker.layer(bare())))
+}
+
+/// One call with a clone of `req`: readiness, then the response future
+/// polled until it answers (a no-op waker; the terminal pends once).
+fn call<S: Service<ChatRequest>>(svc: &mut S, req: &ChatRequest) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    match svc.poll_ready(&mut cx) {
+        Poll::Ready(Ok(())) => {}
+        _ => return false,
+    }
+    let mut fut = std::pin::pin!(svc.call(black_box(req.clone())));
+    for _ in 0..8 {
+        if let Poll::Ready(res) = fut.as_mut().poll(&mut cx) {
+            return res.is_ok();
+        }
+    }
+    panic!("the benchmarked service answers on its second poll")
+}
+
+/// Median nanoseconds per call of `a` and `b`, timed alternately.
+fn paired<A, B>(a: &mut A, b: &mut B, req: &ChatRequest) -> (f64, f64)
+where
+    A: Service<ChatRequest>,
+    B: Service<ChatRequest>,
+{
+    const N: u32 = 5_000;
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    for _ in 0..41 {
+        let t = std::time::Instant::now();
+        for _ in 0..N {
+            black_box(call(a, req));
+        }
+        ta.push(t.elapsed().as_nanos() as f64 / f64::from(N));
+        let t = std::time::Instant::now();
+        for _ in 0..N {
+            black_box(call(b, req));
+        }
+        tb.push(t.elapsed().as_nanos() as f64 / f64::from(N));
+    }
+    ta.sort_by(f64::total_cmp);
+    tb.sort_by(f64::total_cmp);
+    (ta[20], tb[20])
+}
+
+/// Allocations and bytes per call over 2,000 calls.
+fn allocations<S: Service<ChatRequest>>(svc: &mut S, req: &ChatRequest) -> (f64, f64) {
+    const N: usize = 2_000;
+    call(svc, req);
+    let region = Region::new(GLOBAL);
+    for _ in 0..N {
+        call(svc, req);
+    }
+    let stats = region.change();
+    (
+        (stats.allocations + stats.reallocations) as f64 / N as f64,
+        stats.bytes_allocated as f64 / N as f64,
+    )
+}
+
+fn requests() -> [(&'static str, ChatRequest); 2] {
+    let twenty = (0..20)
+        .map(|i| {
+            if i % 2 == 0 {
+                Message::user(format!("question {i}: what does a circuit breaker do?"))
+            } else {
+                Message::assistant(format!(
+                    "answer {i}: it fails fast while a provider is sick."
+                ))
+            }
+        })
+        .collect();
+    let big = vec![
+        Message::system("x".repeat(100 * 1024)),
+        Message::user("summarise the above"),
+    ];
+    [
+        ("20 messages", ChatRequest::new("gpt-4o", twenty)),
+        ("100 KB prompt", ChatRequest::new("gpt-4o", big)),
+    ]
+}
+
+fn main() {
+    let rt = current_thread();
+    let _guard = rt.enter();
+    for (name, req) in requests() {
+        let mut plain = bare();
+        let mut ours = full_stack();
+        let mut tower_stack = tower_peer();
+        let mut resilience = resilience_peer();
+        println!("\n{name}: per call, paired medians against the bare service in the same rounds");
+        let rows: [(&str, (f64, f64)); 3] = [
+            ("tower-llm full stack", paired(&mut plain, &mut ours, &req)),
+            (
+                "tower::timeout + tower::retry",
+                paired(&mut plain, &mut tower_stack, &req),
+            ),
+            (
+                "tower-resilience limiter + retry + breaker",
+                paired(&mut plain, &mut resilience, &req),
+            ),
+        ];
+        for (variant, (b, v)) in rows {
+            println!(
+                "  {variant:<44} {v:>8.0} ns  (bare {b:.0} ns, +{:.0} ns)",
+                v - b
+            );
+        }
+        let (ba, bb) = allocations(&mut plain, &req);
+        println!("  allocations per call over bare ({ba:.1} allocations, {bb:.0} bytes):");
+        for (variant, (a, bytes)) in [
+            ("tower-llm full stack", allocations(&mut ours, &req)),
+            (
+                "tower::timeout + tower::retry",
+                allocations(&mut tower_stack, &req),
+            ),
+            (
+                "tower-resilience limiter + retry + breaker",
+                allocations(&mut resilience, &req),
+            ),
+        ] {
+            println!(
+                "  {variant:<44} +{:>5.1} allocations, +{:>9.0} bytes",
+                a - ba,
+                bytes - bb
+            );
+        }
+    }
+}
