@@ -97,6 +97,7 @@ fn status(e: &Failure) -> tonic::Status {
     let message = e.to_string();
     match e.class() {
         FailureClass::DeadlineExceeded => tonic::Status::deadline_exceeded(message),
+        FailureClass::Conflict => tonic::Status::aborted(message),
         FailureClass::BadRequest | FailureClass::ContextWindowExceeded => {
             tonic::Status::invalid_argument(message)
         }

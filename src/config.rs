@@ -139,6 +139,10 @@ pub struct RetryPolicy {
     /// `jitter`: a fraction in `[0, 1]` (`0.2` is ±20 %), or `"equal"`,
     /// `"full"`, `"none"` (default 0.2).
     pub jitter: JitterSpec,
+    /// `min_attempt_ms`: a retry starts only if its wait plus this much
+    /// still fits before the deadline (default 1,000; see
+    /// [`RetryLayer::with_min_attempt`]).
+    pub min_attempt_ms: u64,
 }
 
 impl Default for RetryPolicy {
@@ -150,6 +154,7 @@ impl Default for RetryPolicy {
             factor: 4.0,
             max_ms: 3_200,
             jitter: JitterSpec::Fraction(0.2),
+            min_attempt_ms: 1_000,
         }
     }
 }
@@ -536,6 +541,7 @@ impl Policy {
         Ok(RetryLayer::new()
             .with_max_attempts(self.retry.max_attempts)
             .with_attempt_timeout(Duration::from_millis(self.retry.attempt_timeout_ms))
+            .with_min_attempt(Duration::from_millis(self.retry.min_attempt_ms))
             .with_backoff(backoff))
     }
 

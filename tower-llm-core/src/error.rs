@@ -334,6 +334,10 @@ impl Failure {
     pub fn is_not_found(&self) -> bool {
         self.inner.class == FailureClass::NotFound
     }
+    /// Class is [`Conflict`](FailureClass::Conflict).
+    pub fn is_conflict(&self) -> bool {
+        self.inner.class == FailureClass::Conflict
+    }
     /// Class is [`ContentFiltered`](FailureClass::ContentFiltered).
     pub fn is_content_filtered(&self) -> bool {
         self.inner.class == FailureClass::ContentFiltered

@@ -92,6 +92,7 @@ impl CallOutcome {
             FailureClass::Auth => CallOutcome::AuthError,
             FailureClass::BadRequest
             | FailureClass::NotFound
+            | FailureClass::Conflict
             | FailureClass::ContextWindowExceeded
             | FailureClass::ContentFiltered => CallOutcome::Terminal4xx,
             _ => CallOutcome::AllFailed,
