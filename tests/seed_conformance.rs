@@ -7,7 +7,7 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_llm::breaker::{BreakerConfig, CircuitState};
 use tower_llm::prelude::*;
 use tower_llm::retry::FixedFraction;
-use tower_llm::{AttemptOutcome, FailureClass};
+use tower_llm::{AttemptOutcome, AttemptRecord, AttemptStatus, FailureClass, Link, NextStep};
 use tower_llm_providers::mock::{Reply, ScriptedTransport};
 
 fn req() -> ChatRequest {
@@ -65,5 +65,132 @@ async fn seed_004_a_409_is_not_retried_does_not_trip_and_does_not_fail_over() {
             .iter()
             .all(|c| c.state == CircuitState::Closed && c.consecutive_failures == 0),
         "{circuits:?}"
+    );
+}
+
+/// Seed 002 AC 1 and AC 10: a typed chat call that succeeds records
+/// `http_status == Some(200)`, like a raw HTTP call.
+#[tokio::test(start_paused = true)]
+async fn seed_ac1_a_typed_success_records_http_200() {
+    let t = ScriptedTransport::new(Reply::openai_text("hello"));
+    let svc = ServiceBuilder::new()
+        .llm_deadline(Duration::from_secs(30))
+        .llm_retry(RetryLayer::new().with_link(Link::new("openai", "gpt-4o-mini")))
+        .service(t.openai());
+    let res = svc.oneshot(req()).await.expect("answer");
+    assert_eq!(res.attempts.len(), 1);
+    assert_eq!(res.attempts[0].status(), AttemptStatus::Succeeded);
+    assert_eq!(res.attempts[0].http_status, Some(200));
+}
+
+/// Every field of a record, checked at once.
+fn assert_record(
+    r: &AttemptRecord,
+    (provider, model, attempt, position): (&str, &str, u8, u8),
+    outcome: AttemptOutcome,
+    next: NextStep,
+    http_status: Option<u16>,
+) {
+    assert_eq!(&*r.provider, provider, "{r:?}");
+    assert_eq!(&*r.model, model, "{r:?}");
+    assert_eq!(r.attempt, attempt, "{r:?}");
+    assert_eq!(r.fallback_position, position, "{r:?}");
+    assert_eq!(r.outcome, outcome, "{r:?}");
+    assert_eq!(r.next, next, "{r:?}");
+    assert_eq!(r.http_status, http_status, "{r:?}");
+}
+
+/// Seed 002 AC 10: every record is complete whether or not a retry layer
+/// is in the stack. Deadline → breaker: the breaker writes the record of
+/// each attempt itself (success, provider failure, its own refusal).
+#[tokio::test(start_paused = true)]
+async fn seed_ac10_a_deadline_and_breaker_stack_records_every_attempt() {
+    let t = ScriptedTransport::new(Reply::openai_text("hello"));
+    let breaker = BreakerLayer::new()
+        .with_link(Link::new("openai", "gpt-4o-mini"))
+        .with_config(BreakerConfig {
+            consecutive_failures: 1,
+            ..BreakerConfig::default()
+        })
+        .expect("config");
+    let svc = ServiceBuilder::new()
+        .llm_deadline(Duration::from_secs(30))
+        .llm_breaker(breaker)
+        .service(t.openai());
+    let link = ("openai", "gpt-4o-mini", 1, 0);
+
+    let res = svc.clone().oneshot(req()).await.expect("answer");
+    assert_eq!(res.attempts.len(), 1);
+    assert_record(
+        &res.attempts[0],
+        link,
+        AttemptOutcome::Succeeded,
+        NextStep::Returned,
+        Some(200),
+    );
+
+    t.push(Reply::openai_error(503, "server_error", "overloaded").after(Duration::from_millis(40)));
+    let err = svc.clone().oneshot(req()).await.expect_err("503");
+    assert_eq!(err.attempts().len(), 1);
+    assert_record(
+        &err.attempts()[0],
+        link,
+        AttemptOutcome::Failed(FailureClass::Transient),
+        NextStep::Returned,
+        Some(503),
+    );
+    assert_eq!(err.attempts()[0].elapsed, Duration::from_millis(40));
+    assert_eq!(err.provider(), Some("openai"));
+
+    // The circuit is open now: the refusal is an attempt record too.
+    let err = svc.clone().oneshot(req()).await.expect_err("open");
+    assert!(err.is_circuit_open());
+    assert_eq!(err.attempts().len(), 1);
+    assert_record(
+        &err.attempts()[0],
+        link,
+        AttemptOutcome::Failed(FailureClass::CircuitOpen),
+        NextStep::Returned,
+        None,
+    );
+    assert_eq!(t.received().len(), 2);
+}
+
+/// Deadline → fallback → breaker (no retry layer): one record per link
+/// tried, the first marked failed over.
+#[tokio::test(start_paused = true)]
+async fn seed_ac10_a_fallback_without_retry_records_each_link() {
+    let primary = ScriptedTransport::new(Reply::openai_error(503, "server_error", "overloaded"));
+    let backup = ScriptedTransport::new(Reply::openai_text("backup"));
+    let breaker = BreakerLayer::new();
+    let chain = FallbackLayer::builder(LinkSpec::new("openai", "gpt-4o-mini"))
+        .or(
+            LinkSpec::new("backup", "gpt-4o"),
+            ServiceBuilder::new()
+                .llm_breaker(breaker.clone())
+                .service(backup.openai()),
+        )
+        .build()
+        .expect("chain");
+    let svc = ServiceBuilder::new()
+        .llm_deadline(Duration::from_secs(30))
+        .llm_fallback(chain)
+        .llm_breaker(breaker)
+        .service(primary.openai());
+    let res = svc.oneshot(req()).await.expect("served by the backup");
+    assert_eq!(res.attempts.len(), 2);
+    assert_record(
+        &res.attempts[0],
+        ("openai", "gpt-4o-mini", 1, 0),
+        AttemptOutcome::Failed(FailureClass::Transient),
+        NextStep::FailedOver,
+        Some(503),
+    );
+    assert_record(
+        &res.attempts[1],
+        ("backup", "gpt-4o", 1, 1),
+        AttemptOutcome::Succeeded,
+        NextStep::Returned,
+        Some(200),
     );
 }

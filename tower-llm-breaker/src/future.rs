@@ -9,6 +9,52 @@ use tower_llm_core::{
     AttemptLog, AttemptOutcome, BoxError, Classify, Failure, FailureClass, FailurePolicy, Outcome,
 };
 
+/// The record of an attempt the breaker made itself (no retry layer
+/// outside made one): finished when the call ends or is dropped.
+#[derive(Debug)]
+pub(crate) struct OwnRecord {
+    pub(crate) log: AttemptLog,
+    pub(crate) index: usize,
+    pub(crate) start: Instant,
+    pub(crate) deadline: Option<Instant>,
+}
+
+impl OwnRecord {
+    /// Completes the record from the call's outcome, and names the
+    /// provider and model in an error.
+    fn finish<Res>(self, outcome: &Outcome, result: &mut Result<Res, Failure>) {
+        let elapsed = self.start.elapsed();
+        let mut origin = None;
+        self.log.finish(self.index, |r| {
+            r.outcome = match outcome {
+                Outcome::Success { .. } => AttemptOutcome::Succeeded,
+                Outcome::Failure(c) => AttemptOutcome::Failed(c.class),
+            };
+            r.elapsed = elapsed;
+            r.http_status = outcome.http_status().map(|s| s.as_u16());
+            origin = Some((r.provider.clone(), r.model.clone()));
+        });
+        if let (Err(e), Some((provider, model))) = (result, origin) {
+            e.set_origin_if_unset(provider, model);
+        }
+    }
+
+    /// Completes the record of a call dropped before it ended.
+    fn abandon(self) {
+        let now = Instant::now();
+        let class = if self.deadline.is_some_and(|d| d <= now) {
+            FailureClass::DeadlineExceeded
+        } else {
+            FailureClass::Cancelled
+        };
+        let elapsed = now.saturating_duration_since(self.start);
+        self.log.finish(self.index, |r| {
+            r.outcome = AttemptOutcome::Failed(class);
+            r.elapsed = elapsed;
+        });
+    }
+}
+
 use crate::circuit::{Admission, Circuit, Verdict};
 use crate::{BreakerConfig, Observer};
 
@@ -29,6 +75,8 @@ pub(crate) struct Guard<C> {
     /// The call's attempt log and the record of the attempt this call
     /// belongs to (when a retry layer outside made one).
     pub(crate) attempt: Option<(AttemptLog, usize)>,
+    /// The record this breaker made (when no retry layer did).
+    pub(crate) own: Option<OwnRecord>,
     pub(crate) done: bool,
 }
 
@@ -48,11 +96,8 @@ impl<C> Guard<C> {
         crate::layer::announce(self.observer.as_ref(), transition.as_ref());
     }
 
-    fn verdict<Res>(&self, result: &Result<Res, Failure>) -> Verdict
-    where
-        C: Classify<Res, Failure>,
-    {
-        match self.classifier.classify(result) {
+    fn verdict(&self, outcome: &Outcome) -> Verdict {
+        match *outcome {
             Outcome::Success { .. } => {
                 let slow = match (self.config.slow_call, self.start) {
                     (Some(limit), Some(start)) => start.elapsed() >= limit,
@@ -81,6 +126,9 @@ impl<C> Guard<C> {
 
 impl<C> Drop for Guard<C> {
     fn drop(&mut self) {
+        if let Some(own) = self.own.take() {
+            own.abandon();
+        }
         if self.done {
             return;
         }
@@ -149,10 +197,14 @@ where
             return Poll::Ready(Err(Failure::new(FailureClass::Cancelled)
                 .with_message("breaker future polled after completion")));
         };
-        let result = ready!(inner.poll(cx)).map_err(Failure::from_inner);
+        let mut result = ready!(inner.poll(cx)).map_err(Failure::from_inner);
         this.inner.set(None);
-        if let Some(guard) = this.guard.take() {
-            let verdict = guard.verdict(&result);
+        if let Some(mut guard) = this.guard.take() {
+            let outcome = guard.classifier.classify(&result);
+            if let Some(own) = guard.own.take() {
+                own.finish(&outcome, &mut result);
+            }
+            let verdict = guard.verdict(&outcome);
             guard.record(verdict);
         }
         Poll::Ready(result)

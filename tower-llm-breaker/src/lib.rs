@@ -87,6 +87,14 @@
 //! so each attempt is admitted or refused, and a refusal is never retried on
 //! the same link (*circuit open* is not retryable; it fails over at once).
 //!
+//! # Attempt records
+//!
+//! Inside a retry layer, the breaker reads the record the retry layer made
+//! for the attempt. Without one (a `deadline → breaker` or `deadline →
+//! fallback → breaker` stack), it writes the record of each attempt
+//! itself: provider and model of the link, attempt number, outcome,
+//! elapsed, HTTP status; a refusal is recorded as *circuit open*.
+//!
 //! # Errors, not responses
 //!
 //! A refusal is a [`Failure`](tower_llm_core::Failure) naming the provider

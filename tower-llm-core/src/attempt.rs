@@ -275,6 +275,22 @@ impl AttemptRecord {
 ///
 /// The lock is a plain mutex that is never held across an `.await`.
 ///
+/// Who writes which record:
+///
+/// - the retry layer's per-attempt layer writes one record per attempt
+///   (begun as the attempt starts, finished when it ends or is dropped);
+/// - a circuit breaker with no retry layer outside it (no record in
+///   flight when it is called) writes the record of each attempt itself,
+///   its refusals included, so a deadline + breaker stack records every
+///   attempt too;
+/// - the fallback layer marks the record of the link it leaves
+///   [`NextStep::FailedOver`] and records a link its admission rule skips;
+/// - the retry policy marks [`NextStep::Retried`] or the
+///   [`RetryStop`].
+///
+/// A successful typed attempt records `http_status: Some(200)` (see
+/// [`ChatClassifier`](crate::ChatClassifier)).
+///
 /// ```
 /// use std::time::Duration;
 /// use tower_llm_core::{AttemptLog, AttemptOutcome, AttemptRecord, Link};

@@ -109,15 +109,23 @@ where
 
 /// The default classifier for typed calls ([`ChatResponse`],
 /// [`EmbeddingResponse`](crate::EmbeddingResponse), or any response type
-/// whose failures are `Err`s): `Ok` is success, `Err` is the [`Failure`]'s
-/// own classification.
+/// whose failures are `Err`s): `Ok` is success with HTTP status 200, `Err`
+/// is the [`Failure`]'s own classification.
+///
+/// A typed answer is a provider's successful HTTP answer, decoded: the
+/// provider services turn every other status into an `Err`, and the chat,
+/// message and converse endpoints answer 200. So a successful typed
+/// attempt is recorded with `http_status: Some(200)` (seed 002 AC 1), the
+/// same as a raw HTTP call answered 200.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ChatClassifier;
 
 impl<Res> Classify<Res, Failure> for ChatClassifier {
     fn classify(&self, result: &Result<Res, Failure>) -> Outcome {
         match result {
-            Ok(_) => Outcome::Success { http_status: None },
+            Ok(_) => Outcome::Success {
+                http_status: Some(StatusCode::OK),
+            },
             Err(f) => Outcome::Failure(f.classified()),
         }
     }
