@@ -57,7 +57,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use tower::ServiceBuilder;
 use tower::util::BoxCloneSyncService;
-use tower_llm_breaker::{BreakerConfig, BreakerLayer};
+use tower_llm_breaker::{BreakerConfig, BreakerCount, BreakerLayer};
 
 use tower_llm_core::{
     BoxError, ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics, Metrics,
@@ -216,6 +216,11 @@ pub struct BreakerPolicy {
     pub cooldown_ms: u64,
     /// `half_open_probes`: successful probes that close it (default 1).
     pub half_open_probes: u32,
+    /// `count`: `"attempts"` (default: every attempt counts, so with 3
+    /// attempts per call a threshold of 5 opens after 2 failed calls) or
+    /// `"calls"` (one outcome per logical call per link); see
+    /// [`BreakerCount`].
+    pub count: BreakerCount,
 }
 
 impl Default for BreakerPolicy {
@@ -224,6 +229,7 @@ impl Default for BreakerPolicy {
             failure_threshold: 5,
             cooldown_ms: 30_000,
             half_open_probes: 1,
+            count: BreakerCount::Attempts,
         }
     }
 }
@@ -235,6 +241,7 @@ impl BreakerPolicy {
             consecutive_failures: self.failure_threshold,
             cooldown: Duration::from_millis(self.cooldown_ms),
             half_open_probes: self.half_open_probes,
+            count: self.count,
             ..BreakerConfig::default()
         }
     }

@@ -119,9 +119,10 @@ pub mod retry {
 /// The circuit breaker layer ([`tower_llm_breaker`]).
 pub mod breaker {
     pub use tower_llm_breaker::{
-        AuthorityKey, Breaker, BreakerConfig, BreakerHandle, BreakerKey, BreakerLayer,
-        BreakerStore, Circuit, CircuitSnapshot, CircuitState, InvalidBreakerConfig, KeyFn, KeyView,
-        LinkKey, MemoryStore, Observer, RatioTrigger, ResponseFuture, Transition, TransitionReason,
+        AuthorityKey, Breaker, BreakerConfig, BreakerCount, BreakerHandle, BreakerKey,
+        BreakerLayer, BreakerStore, Circuit, CircuitSnapshot, CircuitState, InvalidBreakerConfig,
+        KeyFn, KeyView, LinkKey, MemoryStore, Observer, RatioTrigger, ResponseFuture, Transition,
+        TransitionReason,
     };
 }
 

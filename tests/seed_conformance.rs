@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm::breaker::{BreakerConfig, CircuitState};
+use tower_llm::breaker::{BreakerConfig, BreakerCount, CircuitState};
 use tower_llm::prelude::*;
 use tower_llm::retry::FixedFraction;
 use tower_llm::{AttemptOutcome, AttemptRecord, AttemptStatus, FailureClass, Link, NextStep};
@@ -193,4 +193,130 @@ async fn seed_ac10_a_fallback_without_retry_records_each_link() {
         NextStep::Returned,
         Some(200),
     );
+}
+
+/// deadline → retry (3 attempts) → breaker (threshold 5) → `transport`.
+fn counted_stack(
+    transport: &ScriptedTransport,
+    breaker: BreakerLayer,
+    attempt_timeout: Duration,
+) -> impl tower::Service<
+    ChatRequest,
+    Response = ChatResponse,
+    Error = Failure,
+    Future = impl Future<Output = Result<ChatResponse, Failure>>,
+> + Clone {
+    ServiceBuilder::new()
+        .llm_deadline(Duration::from_secs(30))
+        .llm_retry(
+            RetryLayer::new()
+                .with_rng(FixedFraction(0.5))
+                .with_attempt_timeout(attempt_timeout)
+                .with_link(Link::new("openai", "gpt-4o-mini")),
+        )
+        .llm_breaker(breaker)
+        .service(transport.openai())
+}
+
+fn threshold(n: u32) -> BreakerConfig {
+    BreakerConfig {
+        consecutive_failures: n,
+        ..BreakerConfig::default()
+    }
+}
+
+/// The breaker sits inside retry, so by default it counts attempts: with 3
+/// attempts per call, a threshold of 5 opens during the 2nd failed call
+/// (as the breaker docs say).
+#[tokio::test(start_paused = true)]
+async fn seed_001_the_breaker_counts_attempts_by_default_two_calls_open_it() {
+    let t = ScriptedTransport::new(Reply::openai_error(503, "server_error", "down"));
+    let breaker = BreakerLayer::new()
+        .with_config(threshold(5))
+        .expect("config");
+    let handle = breaker.handle();
+    let svc = counted_stack(&t, breaker, Duration::from_secs(30));
+    let err = svc.clone().oneshot(req()).await.expect_err("503");
+    assert!(err.is_transient());
+    assert_eq!(t.received().len(), 3);
+    assert_eq!(handle.snapshot()[0].state, CircuitState::Closed);
+    let err = svc.clone().oneshot(req()).await.expect_err("opened");
+    // Attempts 4 and 5 failed, the 3rd attempt of call 2 was refused.
+    assert!(err.is_circuit_open(), "{err:?}");
+    assert_eq!(t.received().len(), 5);
+    assert_eq!(handle.snapshot()[0].state, CircuitState::Open);
+}
+
+/// `count = "calls"`: one outcome per logical call per link, so the same
+/// threshold of 5 opens during the 5th failed call (on its first attempt,
+/// after 4 × 3 + 1 = 13 attempts).
+#[tokio::test(start_paused = true)]
+async fn seed_000_counting_calls_opens_on_the_fifth_failed_call() {
+    let t = ScriptedTransport::new(Reply::openai_error(503, "server_error", "down"));
+    let breaker = BreakerLayer::new()
+        .with_config(threshold(5))
+        .expect("config")
+        .with_count(BreakerCount::Calls);
+    let handle = breaker.handle();
+    let svc = counted_stack(&t, breaker, Duration::from_secs(30));
+    for call in 1..=4u32 {
+        let err = svc.clone().oneshot(req()).await.expect_err("503");
+        assert!(err.is_transient(), "call {call}: {err:?}");
+        assert_eq!(err.attempts().len(), 3);
+        let c = &handle.snapshot()[0];
+        assert_eq!(
+            (c.state, c.consecutive_failures),
+            (CircuitState::Closed, call)
+        );
+    }
+    assert_eq!(t.received().len(), 12);
+    let err = svc.clone().oneshot(req()).await.expect_err("opened");
+    assert!(err.is_circuit_open(), "{err:?}");
+    assert_eq!(t.received().len(), 13);
+    assert_eq!(handle.snapshot()[0].state, CircuitState::Open);
+}
+
+/// Counting calls, a call that recovers on its 2nd attempt counts its
+/// first failure and its success (which resets the count), and the
+/// setting loads from a config file.
+#[tokio::test(start_paused = true)]
+async fn counting_calls_a_recovered_call_is_a_success_and_the_option_loads() {
+    let cfg: BreakerConfig =
+        serde_json::from_str(r#"{"consecutive_failures": 3, "count": "calls"}"#).expect("cfg");
+    assert_eq!(cfg.count, BreakerCount::Calls);
+    let t = ScriptedTransport::new(Reply::openai_text("ok"));
+    let breaker = BreakerLayer::new().with_config(cfg).expect("config");
+    let handle = breaker.handle();
+    let svc = counted_stack(&t, breaker, Duration::from_secs(30));
+    t.push(Reply::openai_error(503, "server_error", "down"));
+    t.push(Reply::openai_error(503, "server_error", "down"));
+    t.push(Reply::openai_error(503, "server_error", "down"));
+    svc.clone().oneshot(req()).await.expect_err("three 503s");
+    assert_eq!(handle.snapshot()[0].consecutive_failures, 1);
+    t.push(Reply::openai_error(503, "server_error", "down"));
+    let res = svc.clone().oneshot(req()).await.expect("recovered");
+    assert_eq!(res.attempts.len(), 2);
+    let c = &handle.snapshot()[0];
+    assert_eq!((c.state, c.consecutive_failures), (CircuitState::Closed, 0));
+}
+
+/// Counting calls, attempts cut by the per-attempt timeout count at most
+/// once per call per link.
+#[tokio::test(start_paused = true)]
+async fn counting_calls_timeouts_count_once_per_call() {
+    let hung = Reply::openai_text("late").after(Duration::from_secs(60));
+    let t = ScriptedTransport::new(hung);
+    let breaker = BreakerLayer::new()
+        .with_config(threshold(2))
+        .expect("config")
+        .with_count(BreakerCount::Calls);
+    let handle = breaker.handle();
+    let svc = counted_stack(&t, breaker, Duration::from_secs(1));
+    let err = svc.clone().oneshot(req()).await.expect_err("timeouts");
+    assert!(err.is_timeout(), "{err:?}");
+    assert_eq!(t.received().len(), 3);
+    let c = &handle.snapshot()[0];
+    assert_eq!((c.state, c.consecutive_failures), (CircuitState::Closed, 1));
+    svc.clone().oneshot(req()).await.expect_err("timeouts");
+    assert_eq!(handle.snapshot()[0].state, CircuitState::Open);
 }

@@ -6,7 +6,8 @@ use std::task::{Context, Poll, ready};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_llm_core::{
-    AttemptLog, AttemptOutcome, BoxError, Classify, Failure, FailureClass, FailurePolicy, Outcome,
+    AttemptLog, AttemptOutcome, BoxError, Classify, Failure, FailureClass, FailurePolicy, NextStep,
+    Outcome,
 };
 
 /// The record of an attempt the breaker made itself (no retry layer
@@ -56,7 +57,7 @@ impl OwnRecord {
 }
 
 use crate::circuit::{Admission, Circuit, Verdict};
-use crate::{BreakerConfig, Observer};
+use crate::{BreakerConfig, BreakerCount, Observer};
 
 /// An admitted call's hold on its circuit: records the outcome when the
 /// call ends, and on drop without an outcome releases a probe slot (or,
@@ -124,6 +125,29 @@ impl<C> Guard<C> {
     }
 }
 
+impl<C> Guard<C> {
+    /// Counting calls: this call has already counted a failure on this
+    /// link (an earlier attempt on it failed with a tripping class and
+    /// was retried), so another failure of the same call counts nothing.
+    fn counted_before(&self) -> bool {
+        if self.config.count != BreakerCount::Calls {
+            return false;
+        }
+        let Some((log, index)) = &self.attempt else {
+            return false;
+        };
+        let records = log.snapshot();
+        let Some(this) = records.get(*index) else {
+            return false;
+        };
+        records[..*index].iter().any(|r| {
+            r.fallback_position == this.fallback_position
+                && r.next == NextStep::Retried
+                && matches!(r.outcome, AttemptOutcome::Failed(c) if self.failures.get(c).trip_breaker)
+        })
+    }
+}
+
 impl<C> Drop for Guard<C> {
     fn drop(&mut self) {
         if let Some(own) = self.own.take() {
@@ -137,6 +161,7 @@ impl<C> Drop for Guard<C> {
         // a hung provider must count against its circuit.
         let timed_out = self.attempt.as_ref().is_some_and(|(log, index)| {
             log.outcome_at(*index) == Some(AttemptOutcome::Failed(FailureClass::Timeout))
+                && !self.counted_before()
         });
         if timed_out {
             let transition = self.circuit.record(
@@ -204,7 +229,10 @@ where
             if let Some(own) = guard.own.take() {
                 own.finish(&outcome, &mut result);
             }
-            let verdict = guard.verdict(&outcome);
+            let mut verdict = guard.verdict(&outcome);
+            if matches!(verdict, Verdict::Failure { .. }) && guard.counted_before() {
+                verdict = Verdict::Neutral;
+            }
             guard.record(verdict);
         }
         Poll::Ready(result)
