@@ -184,3 +184,86 @@ async fn http_error_answers_handed_back_count_as_their_failure_not_success() {
     assert_eq!(sev1.len(), 1, "{events:#?}");
     assert!(sev1[0].contains("status=401"));
 }
+
+/// The events of `capture` carrying `severity=sev-2`.
+fn sev2(capture: &Capture) -> Vec<String> {
+    capture
+        .0
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|e| e.contains("severity=sev-2"))
+        .cloned()
+        .collect()
+}
+
+/// Seed 002 §1 item 9: a 404 (model not found) is a configuration drift
+/// the operator must see: one sev-2 event, next to the sev-1 on auth.
+#[tokio::test(start_paused = true)]
+async fn a_404_emits_one_sev2_event() {
+    let capture = Capture::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
+    let t = ScriptedTransport::new(Reply::openai_error(
+        404,
+        "invalid_request_error",
+        "The model `gpt-99` does not exist or you do not have access to it.",
+    ));
+    let svc = ServiceBuilder::new()
+        .llm_deadline(Duration::from_secs(30))
+        .llm_retry(RetryLayer::new())
+        .service(t.openai());
+    let err = svc
+        .oneshot(ChatRequest::new("gpt-99", vec![Message::user("hi")]))
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found());
+    let sev2 = sev2(&capture);
+    assert_eq!(sev2.len(), 1, "{sev2:#?}");
+    assert!(sev2[0].starts_with("WARN"), "{}", sev2[0]);
+    assert!(sev2[0].contains("status=404"), "{}", sev2[0]);
+    assert!(
+        !capture
+            .0
+            .lock()
+            .expect("lock")
+            .iter()
+            .any(|e| e.contains("severity=sev-1"))
+    );
+}
+
+/// Seed 002 §1 item 13: hitting the 16-attempt cap is loud: one sev-2
+/// event. Six links of 3 attempts each would make 18.
+#[tokio::test(start_paused = true)]
+async fn hitting_the_attempts_cap_emits_one_sev2_event() {
+    let capture = Capture::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
+    let down = || ScriptedTransport::new(Reply::openai_error(503, "server_error", "down"));
+    let link = |t: &ScriptedTransport| {
+        ServiceBuilder::new()
+            .llm_retry(RetryLayer::new().with_rng(FixedFraction(0.5)))
+            .service(t.openai())
+    };
+    let transports: Vec<_> = (0..6).map(|_| down()).collect();
+    let mut builder = FallbackLayer::builder(LinkSpec::new("p0", "m"));
+    for (i, t) in transports.iter().enumerate().skip(1) {
+        builder = builder.or(LinkSpec::new(format!("p{i}"), "m"), link(t));
+    }
+    let svc = ServiceBuilder::new()
+        .llm_deadline(Duration::from_secs(60))
+        .llm_fallback(builder.build().expect("chain"))
+        .service(link(&transports[0]));
+    let err = svc
+        .oneshot(ChatRequest::new("m", vec![Message::user("hi")]))
+        .await
+        .unwrap_err();
+    assert!(err.is_attempts_cap_exceeded(), "{err:?}");
+    assert_eq!(err.attempts().len(), 16);
+    let made: usize = transports.iter().map(|t| t.received().len()).sum();
+    assert_eq!(made, 16, "no 17th attempt");
+    let sev2 = sev2(&capture);
+    assert_eq!(sev2.len(), 1, "{sev2:#?}");
+    assert!(sev2[0].starts_with("ERROR"), "{}", sev2[0]);
+    assert!(sev2[0].contains("attempts=16"), "{}", sev2[0]);
+}

@@ -331,7 +331,12 @@ impl CallOwner {
     /// A call that ends on an authentication failure (an error, or an HTTP
     /// 401/403 answer handed back) is logged once, at `error` with
     /// `severity = "sev-1"`: it is a configuration fault (a wrong or revoked
-    /// key) that no retry fixes.
+    /// key) that no retry fixes. Two more are logged once, with
+    /// `severity = "sev-2"` (seed 002 §1 items 9 and 13): a call that ends
+    /// on a 404 / model not found (`warn`: the configured model name and
+    /// the provider's catalogue disagree), and a call that hit the cap of
+    /// [`MAX_ATTEMPTS_PER_CALL`](crate::MAX_ATTEMPTS_PER_CALL) attempts
+    /// (`error`: a bug in the chain's construction).
     pub fn finish<Res: RecordsAttempts>(mut self, result: &mut Result<Res, Failure>) {
         self.done = true;
         let records = self.log.take();
@@ -361,6 +366,32 @@ impl CallOwner {
                     .and_then(|r| r.http_status)
                     .or_else(|| failure.and_then(|f| f.http_status()).map(|s| s.as_u16())),
                 "provider rejected our credentials (401/403): check the API key or its permissions"
+            );
+        }
+        let not_found = match failure {
+            Some(f) => f.is_not_found(),
+            None => {
+                last.is_some_and(|r| r.outcome == AttemptOutcome::Failed(FailureClass::NotFound))
+            }
+        };
+        if not_found {
+            tracing::warn!(
+                parent: &self.span,
+                severity = "sev-2",
+                provider = last.map_or(failure.and_then(Failure::provider).unwrap_or(""), |r| &*r.provider),
+                model = last.map_or(failure.and_then(Failure::model).unwrap_or(""), |r| &*r.model),
+                status = last
+                    .and_then(|r| r.http_status)
+                    .or_else(|| failure.and_then(|f| f.http_status()).map(|s| s.as_u16())),
+                "provider does not know the model (404): the configured model name is wrong"
+            );
+        }
+        if failure.is_some_and(Failure::is_attempts_cap_exceeded) {
+            tracing::error!(
+                parent: &self.span,
+                severity = "sev-2",
+                attempts = records.len(),
+                "attempts cap exceeded: programmer error in the retry or fallback chain"
             );
         }
         if !self.span.is_disabled() {
