@@ -21,9 +21,11 @@
 //! outermost tower-llm layer), once, when the call ends, from the call's
 //! attempt records: so the counts of one call always agree with each other
 //! and with the records returned to the caller. Provider and model labels
-//! are the [`Link`](crate::Link) names given to the layers (a closed set
-//! the operator configures); outcome and reason labels come from
-//! `as_metric_label()` on closed enums, never from `Debug`.
+//! come from configuration only: the [`Link`](crate::Link) names given to
+//! the layers (a closed set the operator configures), `unknown` for a call
+//! that made no attempt; never the request's `model` (a client may have
+//! chosen it) nor the model an upstream answer names. Outcome and reason
+//! labels come from `as_metric_label()` on closed enums, never from `Debug`.
 //!
 //! [`GenAiMetrics`] are the OpenTelemetry GenAI client conventions
 //! (`gen_ai.client.operation.duration`, `gen_ai.client.token.usage`),
@@ -244,19 +246,12 @@ impl Metrics {
         let [provider, model] = match (previous, labels) {
             (Some(last), Some((r, link))) if same_link(r, last) => link,
             (Some(last), _) => link_labels(last),
+            // No attempt was made (the deadline had passed, say): no
+            // link's names to use, and a failure's own provider and model
+            // strings are not a closed set.
             (None, _) => [
-                KeyValue::new(
-                    "provider",
-                    failure
-                        .and_then(Failure::provider)
-                        .map_or(Value::from("unknown"), |p| Value::from(p.to_owned())),
-                ),
-                KeyValue::new(
-                    "model",
-                    failure
-                        .and_then(Failure::model)
-                        .map_or(Value::from("unknown"), |p| Value::from(p.to_owned())),
-                ),
+                KeyValue::new("provider", "unknown"),
+                KeyValue::new("model", "unknown"),
             ],
         };
         m.calls
@@ -457,7 +452,9 @@ struct GenAiInstruments {
 /// `gen_ai.client.token.usage` (tokens, by `gen_ai.token.type` `input` /
 /// `output`), with `gen_ai.operation.name`, `gen_ai.provider.name`,
 /// `gen_ai.request.model` and, on failure, `error.type` (the failure
-/// class label).
+/// class label). The provider services label `gen_ai.request.model` with
+/// the configured model of the call's [`Link`](crate::Link) (`unknown`
+/// without one), never the request's free-form `model`.
 #[derive(Clone)]
 pub struct GenAiMetrics {
     inner: Option<Arc<GenAiInstruments>>,
@@ -514,7 +511,8 @@ impl GenAiMetrics {
     }
 
     /// Records one chat operation of `provider`'s `model` that took
-    /// `duration`: its usage on success, its class on failure.
+    /// `duration`: its usage on success, its class on failure. `model`
+    /// becomes a label: pass a configured name, never client input.
     pub fn record_chat(
         &self,
         provider: &'static str,
