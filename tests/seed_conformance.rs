@@ -320,3 +320,70 @@ async fn counting_calls_timeouts_count_once_per_call() {
     svc.clone().oneshot(req()).await.expect_err("timeouts");
     assert_eq!(handle.snapshot()[0].state, CircuitState::Open);
 }
+
+/// Row 7: OpenAI's content-filter error is a failure (`content_filtered`)
+/// that never fails over by default, and fails over, opt-in, only to a
+/// link marked `allows_filtered_content()`.
+#[tokio::test(start_paused = true)]
+async fn row7_a_content_filter_failure_fails_over_only_to_a_link_that_allows_it() {
+    let filtered = || {
+        ScriptedTransport::new(Reply::openai_error(
+            400,
+            "content_filter",
+            "The response was filtered due to the prompt triggering the content management policy.",
+        ))
+    };
+    let build = |primary: &ScriptedTransport, others: &[(&ScriptedTransport, bool)]| {
+        let mut chain = FallbackLayer::builder(LinkSpec::new("azure", "gpt-4o"));
+        for (i, (t, allows)) in others.iter().enumerate() {
+            let mut spec = LinkSpec::new(format!("alt{i}"), "m");
+            if *allows {
+                spec = spec.allows_filtered_content();
+            }
+            chain = chain.or(
+                spec,
+                ServiceBuilder::new()
+                    .llm_retry(RetryLayer::new())
+                    .service(t.openai()),
+            );
+        }
+        ServiceBuilder::new()
+            .llm_deadline(Duration::from_secs(30))
+            .llm_fallback(chain.build().expect("chain"))
+            .llm_retry(RetryLayer::new())
+            .service(primary.openai())
+    };
+
+    // No link allows it: the failure comes back, nothing else is called.
+    let (primary, alt) = (
+        filtered(),
+        ScriptedTransport::new(Reply::openai_text("alt")),
+    );
+    let err = build(&primary, &[(&alt, false)])
+        .oneshot(req())
+        .await
+        .expect_err("filtered");
+    assert!(err.is_content_filtered(), "{err:?}");
+    assert_eq!(err.attempts()[0].status(), AttemptStatus::Terminal400);
+    assert_eq!((primary.received().len(), alt.received().len()), (1, 0));
+
+    // Opt-in: the next link that allows filtered content serves it.
+    let (primary, alt, lenient) = (
+        filtered(),
+        ScriptedTransport::new(Reply::openai_text("alt")),
+        ScriptedTransport::new(Reply::openai_text("lenient")),
+    );
+    let res = build(&primary, &[(&alt, false), (&lenient, true)])
+        .oneshot(req())
+        .await
+        .expect("served by the lenient link");
+    assert_eq!(res.text(), "lenient");
+    assert_eq!(
+        (
+            primary.received().len(),
+            alt.received().len(),
+            lenient.received().len()
+        ),
+        (1, 0, 1)
+    );
+}
