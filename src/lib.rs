@@ -160,3 +160,10 @@ pub mod prelude {
         Message,
     };
 }
+
+/// Every Rust code block of `README.md`, compiled as a doctest
+/// (`cargo test --doc`), so the README cannot drift from the API. Only
+/// under `cfg(doctest)`: it is not part of the crate's docs.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
