@@ -103,10 +103,10 @@ impl<C: Clone> RetryLayer<C> {
     /// The shortest time worth starting a retry with (default 1 s): a
     /// retry starts only if its wait plus this much still fits before the
     /// call's deadline; otherwise the failure is returned at once, so a
-    /// fallback link can use the time left (seed 004: "no retry if backoff
-    /// + next attempt cannot finish within remaining deadline"). Set it
-    /// near the link's typical (p50) latency. Never more than the attempt
-    /// timeout; [`Duration::ZERO`] checks only the wait.
+    /// fallback link can use the time left (seed 004: no retry if the
+    /// backoff and the next attempt cannot finish within the remaining
+    /// deadline). Set it near the link's typical (p50) latency. Never more
+    /// than the attempt timeout; [`Duration::ZERO`] checks only the wait.
     #[must_use]
     pub fn with_min_attempt(self, min_attempt: Duration) -> Self {
         self.update(|s| s.min_attempt = min_attempt)
