@@ -812,6 +812,20 @@ mod tests {
     }
 
     #[test]
+    fn breaker_count_and_min_attempt_load_from_the_file() {
+        let p = Policy::from_toml(&format!(
+            "[retry]\nmin_attempt_ms = 500\n[breaker]\ncount = \"calls\"\n{GOOD}"
+        ))
+        .expect("valid");
+        assert_eq!(p.retry.min_attempt_ms, 500);
+        assert_eq!(p.breaker.config().count, BreakerCount::Calls);
+        let defaults = Policy::from_toml(GOOD).expect("valid");
+        assert_eq!(defaults.retry.min_attempt_ms, 1_000);
+        assert_eq!(defaults.breaker.config().count, BreakerCount::Attempts);
+        assert!(!problems(&format!("[breaker]\ncount = \"tries\"\n{GOOD}")).is_empty());
+    }
+
+    #[test]
     fn each_validation_error_is_named() {
         let unknown = GOOD.replace("provider = \"b\"", "provider = \"c\"");
         assert_eq!(
