@@ -112,8 +112,10 @@ impl<C> Guard<C> {
             }
             Outcome::Failure(c) => {
                 if self.failures.get(c.class).trip_breaker {
+                    // `Retry-After: 0` (or a past date) asks for no
+                    // wait: it holds nothing open.
                     let hold = match c.class {
-                        FailureClass::RateLimited => c.retry_after,
+                        FailureClass::RateLimited => c.retry_after.filter(|d| !d.is_zero()),
                         _ => None,
                     };
                     Verdict::Failure { hold }

@@ -69,7 +69,7 @@
 //!
 //! A 429 with `Retry-After` holds its key open for that long (capped, on by
 //! default), so traffic goes to the fallback instead of a provider that
-//! asked us to wait.
+//! asked us to wait. `Retry-After: 0` (or a date in the past) holds nothing.
 //!
 //! # Keys
 //!
