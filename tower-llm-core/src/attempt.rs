@@ -282,7 +282,7 @@ impl AttemptRecord {
 /// - a circuit breaker with no retry layer outside it (no record in
 ///   flight when it is called) writes the record of each attempt itself,
 ///   its refusals included, so a deadline + breaker stack records every
-///   attempt too;
+///   attempt too (a link with neither layer records nothing);
 /// - the fallback layer marks the record of the link it leaves
 ///   [`NextStep::FailedOver`] and records a link its admission rule skips;
 /// - the retry policy marks [`NextStep::Retried`] or the
