@@ -387,3 +387,25 @@ async fn row7_a_content_filter_failure_fails_over_only_to_a_link_that_allows_it(
         (1, 0, 1)
     );
 }
+
+/// A deadline + breaker stack whose provider hangs: the breaker's record of
+/// the attempt says the deadline ended it.
+#[tokio::test(start_paused = true)]
+async fn seed_ac10_a_breaker_record_cut_by_the_deadline_says_so() {
+    let t = ScriptedTransport::new(Reply::openai_text("late").after(Duration::from_secs(60)));
+    let svc = ServiceBuilder::new()
+        .llm_deadline(Duration::from_secs(2))
+        .llm_breaker(BreakerLayer::new().with_link(Link::new("openai", "gpt-4o-mini")))
+        .service(t.openai());
+    let err = svc.oneshot(req()).await.expect_err("deadline");
+    assert!(err.is_deadline_exceeded());
+    assert_eq!(err.attempts().len(), 1);
+    assert_record(
+        &err.attempts()[0],
+        ("openai", "gpt-4o-mini", 1, 0),
+        AttemptOutcome::Failed(FailureClass::DeadlineExceeded),
+        NextStep::Returned,
+        None,
+    );
+    assert_eq!(err.attempts()[0].elapsed, Duration::from_secs(2));
+}

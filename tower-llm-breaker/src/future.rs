@@ -10,6 +10,9 @@ use tower_llm_core::{
     Outcome,
 };
 
+use crate::circuit::{Admission, Circuit, Verdict};
+use crate::{BreakerConfig, BreakerCount, Observer};
+
 /// The record of an attempt the breaker made itself (no retry layer
 /// outside made one): finished when the call ends or is dropped.
 #[derive(Debug)]
@@ -55,9 +58,6 @@ impl OwnRecord {
         });
     }
 }
-
-use crate::circuit::{Admission, Circuit, Verdict};
-use crate::{BreakerConfig, BreakerCount, Observer};
 
 /// An admitted call's hold on its circuit: records the outcome when the
 /// call ends, and on drop without an outcome releases a probe slot (or,
@@ -125,9 +125,7 @@ impl<C> Guard<C> {
             }
         }
     }
-}
 
-impl<C> Guard<C> {
     /// Counting calls: this call has already counted a failure on this
     /// link (an earlier attempt on it failed with a tripping class and
     /// was retried), so another failure of the same call counts nothing.
