@@ -9,6 +9,7 @@
 //! It starts two mock providers (the primary answers 503 three times, so
 //! the call fails over to the backup), serves the app
 //! on loopback, calls it once as a client would, prints the answer, exits.
+//! `tests/examples.rs` runs it and checks the answer.
 
 use std::time::Duration;
 
@@ -57,8 +58,25 @@ async fn ask(
     }
 }
 
+/// The answer the client got: status and JSON body.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The HTTP status of `POST /ask`.
+    pub status: StatusCode,
+    /// Its JSON body.
+    pub body: serde_json::Value,
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let out = run().await?;
+    println!("POST /ask -> {}: {}", out.status, out.body);
+    Ok(())
+}
+
+/// Starts the mock providers and the app, asks once, returns the answer
+/// (`tests/examples.rs` runs this and checks it).
+pub async fn run() -> Result<Outcome, Box<dyn std::error::Error>> {
     let primary = MockServer::start(Reply::openai_text("Hello from the primary")).await?;
     primary.push(Reply::openai_error(503, "server_error", "busy"));
     primary.push(Reply::openai_error(503, "server_error", "busy"));
@@ -111,6 +129,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let body = http_body_util::BodyExt::collect(res.into_body())
         .await?
         .to_bytes();
-    println!("POST /ask -> {status}: {}", String::from_utf8_lossy(&body));
-    Ok(())
+    Ok(Outcome {
+        status,
+        body: serde_json::from_slice(&body)?,
+    })
 }

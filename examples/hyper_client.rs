@@ -8,7 +8,8 @@
 //!
 //! A mock upstream answers 503, then 429 with `Retry-After: 1`, then 200:
 //! the first call is retried into the 200 (honouring the Retry-After), and
-//! every attempt is printed.
+//! every attempt is printed. `tests/examples.rs` runs it and checks the
+//! attempts.
 
 use std::time::Duration;
 
@@ -23,8 +24,40 @@ use tower_llm::breaker::AuthorityKey;
 use tower_llm::prelude::*;
 use tower_llm_providers::mock::{MockServer, Reply};
 
+/// What the call came back with.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The final HTTP status.
+    pub status: http::StatusCode,
+    /// How long the call took.
+    pub elapsed: Duration,
+    /// Its attempt records.
+    pub attempts: Vec<tower_llm::AttemptRecord>,
+    /// The final body.
+    pub body: Bytes,
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let out = run().await?;
+    println!("status {} after {:?}", out.status, out.elapsed);
+    for a in &out.attempts {
+        println!(
+            "  attempt {} on {}: {:?} (HTTP {:?}) in {:?}",
+            a.attempt,
+            a.provider,
+            a.status(),
+            a.http_status,
+            a.elapsed
+        );
+    }
+    println!("body {}", String::from_utf8_lossy(&out.body));
+    Ok(())
+}
+
+/// Starts the mock upstream, makes the call, returns what came back
+/// (`tests/examples.rs` runs this and checks it).
+pub async fn run() -> Result<Outcome, Box<dyn std::error::Error>> {
     let upstream = MockServer::start(Reply::json(200, r#"{"ok": true}"#)).await?;
     upstream.push(Reply::json(503, r#"{"error": "overloaded"}"#));
     upstream.push(Reply::json(429, r#"{"error": "slow down"}"#).with_header("retry-after", "1"));
@@ -39,20 +72,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     let req = http::Request::get(format!("{}/v1/models", upstream.url())).body(Empty::new())?;
     let res = svc.oneshot(req).await?;
-    println!("status {} after {:?}", res.status(), start.elapsed());
-    if let Some(Attempts(attempts)) = res.extensions().get::<Attempts>() {
-        for a in attempts {
-            println!(
-                "  attempt {} on {}: {:?} (HTTP {:?}) in {:?}",
-                a.attempt,
-                a.provider,
-                a.status(),
-                a.http_status,
-                a.elapsed
-            );
-        }
-    }
+    let status = res.status();
+    let elapsed = start.elapsed();
+    let attempts = match res.extensions().get::<Attempts>() {
+        Some(Attempts(attempts)) => attempts.clone(),
+        None => Vec::new(),
+    };
     let body = res.into_body().collect().await?.to_bytes();
-    println!("body {}", String::from_utf8_lossy(&body));
-    Ok(())
+    Ok(Outcome {
+        status,
+        elapsed,
+        attempts,
+        body,
+    })
 }

@@ -130,7 +130,8 @@ async fn main() {
     )
     .await;
     scenario(
-        "a hung provider: each attempt cut at 1 s, the call at its 2 s deadline",
+        "a hung provider: the attempt cut at 1 s, then no retry (the backoff and \
+         another 1 s attempt would not fit the 1 s left of the 2 s deadline)",
         "hung",
         |_| Behaviour::Hang,
         1,

@@ -10,6 +10,7 @@
 //! `prost`'s derive, and the method is routed by hand the way tonic's
 //! generated code does it. The example starts a mock provider, serves the
 //! service on loopback, calls it as a gRPC client would, prints, exits.
+//! `tests/examples.rs` runs it and checks the reply.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -36,13 +37,16 @@ struct CompleteRequest {
 
 /// `message CompleteReply { string text = 1; string provider = 2; uint32 attempts = 3; }`
 #[derive(Clone, PartialEq, prost::Message)]
-struct CompleteReply {
+pub struct CompleteReply {
+    /// The answer's text.
     #[prost(string, tag = "1")]
-    text: String,
+    pub text: String,
+    /// The provider that served.
     #[prost(string, tag = "2")]
-    provider: String,
+    pub provider: String,
+    /// Attempts the call made.
     #[prost(uint32, tag = "3")]
-    attempts: u32,
+    pub attempts: u32,
 }
 
 type Llm = BoxCloneSyncService<ChatRequest, ChatResponse, Failure>;
@@ -97,6 +101,7 @@ fn status(e: &Failure) -> tonic::Status {
     let message = e.to_string();
     match e.class() {
         FailureClass::DeadlineExceeded => tonic::Status::deadline_exceeded(message),
+        FailureClass::Conflict => tonic::Status::aborted(message),
         FailureClass::BadRequest | FailureClass::ContextWindowExceeded => {
             tonic::Status::invalid_argument(message)
         }
@@ -133,6 +138,17 @@ impl tower::Service<http::Request<tonic::body::Body>> for ChatServer {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let reply = run().await?;
+    println!(
+        "llm.Chat/Complete -> {:?} from {} after {} attempts",
+        reply.text, reply.provider, reply.attempts
+    );
+    Ok(())
+}
+
+/// Starts the mock provider and the gRPC server, calls `Complete` once,
+/// returns the reply (`tests/examples.rs` runs this and checks it).
+pub async fn run() -> Result<CompleteReply, Box<dyn std::error::Error>> {
     let provider = MockServer::start(Reply::openai_text("Hello over gRPC")).await?;
     provider.push(Reply::openai_error(503, "server_error", "busy"));
     let openai = OpenAi::new(
@@ -174,12 +190,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             tonic_prost::ProstCodec::default(),
         )
         .await?;
-    let reply = reply.into_inner();
-    println!(
-        "llm.Chat/Complete -> {:?} from {} after {} attempts",
-        reply.text, reply.provider, reply.attempts
-    );
-    Ok(())
+    Ok(reply.into_inner())
 }
 
 /// Accepted connections as the stream tonic's `serve_with_incoming` takes.

@@ -57,7 +57,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use tower::ServiceBuilder;
 use tower::util::BoxCloneSyncService;
-use tower_llm_breaker::{BreakerConfig, BreakerLayer};
+use tower_llm_breaker::{BreakerConfig, BreakerCount, BreakerLayer};
 
 use tower_llm_core::{
     BoxError, ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics, Metrics,
@@ -168,6 +168,10 @@ pub struct RetryPolicy {
     /// `jitter`: a fraction in `[0, 1]` (`0.2` is ±20 %), or `"equal"`,
     /// `"full"`, `"none"` (default 0.2).
     pub jitter: JitterSpec,
+    /// `min_attempt_ms`: a retry starts only if its wait plus this much
+    /// still fits before the deadline (default 1,000; see
+    /// [`RetryLayer::with_min_attempt`]).
+    pub min_attempt_ms: u64,
 }
 
 impl Default for RetryPolicy {
@@ -179,6 +183,7 @@ impl Default for RetryPolicy {
             factor: 4.0,
             max_ms: None,
             jitter: JitterSpec::Fraction(0.2),
+            min_attempt_ms: 1_000,
         }
     }
 }
@@ -269,6 +274,11 @@ pub struct BreakerPolicy {
     pub cooldown_ms: u64,
     /// `half_open_probes`: successful probes that close it (default 1).
     pub half_open_probes: u32,
+    /// `count`: `"attempts"` (default: every attempt counts, so with 3
+    /// attempts per call a threshold of 5 opens after 2 failed calls) or
+    /// `"calls"` (one outcome per logical call per link); see
+    /// [`BreakerCount`].
+    pub count: BreakerCount,
 }
 
 impl Default for BreakerPolicy {
@@ -277,6 +287,7 @@ impl Default for BreakerPolicy {
             failure_threshold: 5,
             cooldown_ms: 30_000,
             half_open_probes: 1,
+            count: BreakerCount::Attempts,
         }
     }
 }
@@ -288,6 +299,7 @@ impl BreakerPolicy {
             consecutive_failures: self.failure_threshold,
             cooldown: Duration::from_millis(self.cooldown_ms),
             half_open_probes: self.half_open_probes,
+            count: self.count,
             ..BreakerConfig::default()
         }
     }
@@ -750,6 +762,7 @@ impl Policy {
         Ok(RetryLayer::new()
             .with_max_attempts(self.retry.max_attempts)
             .with_attempt_timeout(Duration::from_millis(self.retry.attempt_timeout_ms()))
+            .with_min_attempt(Duration::from_millis(self.retry.min_attempt_ms))
             .with_backoff(backoff))
     }
 
@@ -1015,6 +1028,20 @@ mod tests {
     }
 
     #[test]
+    fn breaker_count_and_min_attempt_load_from_the_file() {
+        let p = Policy::from_toml(&format!(
+            "[retry]\nmin_attempt_ms = 500\n[breaker]\ncount = \"calls\"\n{GOOD}"
+        ))
+        .expect("valid");
+        assert_eq!(p.retry.min_attempt_ms, 500);
+        assert_eq!(p.breaker.config().count, BreakerCount::Calls);
+        let defaults = Policy::from_toml(GOOD).expect("valid");
+        assert_eq!(defaults.retry.min_attempt_ms, 1_000);
+        assert_eq!(defaults.breaker.config().count, BreakerCount::Attempts);
+        assert!(!problems(&format!("[breaker]\ncount = \"tries\"\n{GOOD}")).is_empty());
+    }
+
+    #[test]
     fn each_validation_error_is_named() {
         let unknown = GOOD.replace("provider = \"b\"", "provider = \"c\"");
         assert_eq!(
@@ -1124,6 +1151,7 @@ mod tests {
             ("retry", "attempt_timeout_ms"),
             ("retry", "base_ms"),
             ("retry", "max_ms"),
+            ("retry", "min_attempt_ms"),
             ("breaker", "cooldown_ms"),
             ("stream", "first_token_timeout_ms"),
             ("stream", "idle_timeout_ms"),

@@ -119,9 +119,10 @@ pub mod retry {
 /// The circuit breaker layer ([`tower_llm_breaker`]).
 pub mod breaker {
     pub use tower_llm_breaker::{
-        AuthorityKey, Breaker, BreakerConfig, BreakerHandle, BreakerKey, BreakerLayer,
-        BreakerStore, Circuit, CircuitSnapshot, CircuitState, InvalidBreakerConfig, KeyFn, KeyView,
-        LinkKey, MemoryStore, Observer, RatioTrigger, ResponseFuture, Transition, TransitionReason,
+        AuthorityKey, Breaker, BreakerConfig, BreakerCount, BreakerHandle, BreakerKey,
+        BreakerLayer, BreakerStore, Circuit, CircuitSnapshot, CircuitState, InvalidBreakerConfig,
+        KeyFn, KeyView, LinkKey, MemoryStore, Observer, RatioTrigger, ResponseFuture, Transition,
+        TransitionReason,
     };
 }
 
@@ -159,3 +160,10 @@ pub mod prelude {
         Message,
     };
 }
+
+/// Every Rust code block of `README.md`, compiled as a doctest
+/// (`cargo test --doc`), so the README cannot drift from the API. Only
+/// under `cfg(doctest)`: it is not part of the crate's docs.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

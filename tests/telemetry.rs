@@ -326,3 +326,122 @@ async fn a_call_ending_on_another_links_refusal_is_labelled_with_that_link() {
         1.0
     );
 }
+
+/// An OpenAI answer naming `model` (as an upstream may, whatever was asked).
+fn answer_naming(model: &str) -> Reply {
+    Reply::json(
+        200,
+        serde_json::json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        })
+        .to_string(),
+    )
+}
+
+/// The series of a scrape: every sample line without its value.
+fn series(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s.to_owned()))
+        .collect()
+}
+
+/// Seed 002 §1 item 14: provider and model labels come from configuration
+/// only. 3,000 calls, each with its own client model alias (sent upstream
+/// as is: the links do not rewrite it) and its own model name in the
+/// upstream answer, some failing over, some straight to a provider with no
+/// link: the label sets after 100 calls are the label sets after 3,000.
+#[tokio::test(start_paused = true)]
+async fn seed_ac14_labels_do_not_grow_with_client_aliases_or_upstream_names() {
+    let (meter_provider, registry) = prometheus();
+    let meter = meter_provider.meter("tower-llm");
+    let genai = GenAiMetrics::new(&meter);
+    let primary_t = ScriptedTransport::new(answer_naming("upstream-default"));
+    let backup_t = ScriptedTransport::new(answer_naming("upstream-default"));
+    let bare_t = ScriptedTransport::new(answer_naming("upstream-default"));
+    let link = |svc| {
+        ServiceBuilder::new()
+            .llm_retry(RetryLayer::new().with_rng(FixedFraction(0.5)))
+            .llm_breaker(BreakerLayer::new())
+            .service(svc)
+    };
+    let chain = FallbackLayer::builder(LinkSpec::new("primary", "gpt-4o-mini"))
+        .or(
+            LinkSpec::new("backup", "claude-x"),
+            link(backup_t.openai().with_metrics(genai.clone())),
+        )
+        .build()
+        .expect("chain");
+    let deadline =
+        || DeadlineLayer::new(Duration::from_secs(30)).with_metrics(Metrics::new(&meter));
+    let svc = ServiceBuilder::new()
+        .layer(deadline())
+        .llm_fallback(chain)
+        .service(link(primary_t.openai().with_metrics(genai.clone())));
+    let bare = ServiceBuilder::new()
+        .layer(deadline())
+        .llm_retry(RetryLayer::new().with_rng(FixedFraction(0.5)))
+        .service(bare_t.openai().with_metrics(genai));
+
+    let down = || Reply::openai_error(503, "server_error", "overloaded");
+    let mut after_100 = None;
+    for i in 0..3_000 {
+        let alias = format!("alias-{i}");
+        let upstream = format!("upstream-{i}");
+        if i % 10 == 9 {
+            for _ in 0..3 {
+                primary_t.push(down());
+            }
+            backup_t.push(answer_naming(&upstream));
+        } else {
+            primary_t.push(answer_naming(&upstream));
+        }
+        let res = svc
+            .clone()
+            .oneshot(ChatRequest::new(alias.as_str(), vec![Message::user("hi")]))
+            .await
+            .expect("served");
+        assert_eq!(res.model, upstream);
+        if i % 3 == 0 {
+            bare_t.push(answer_naming(&upstream));
+            bare.clone()
+                .oneshot(ChatRequest::new(alias.as_str(), vec![Message::user("hi")]))
+                .await
+                .expect("served");
+        }
+        if i == 99 {
+            after_100 = Some(series(&scrape(&registry)));
+        }
+    }
+    let text = scrape(&registry);
+    assert!(!text.contains("alias-"), "a client alias became a label");
+    assert!(
+        !text.contains("upstream-"),
+        "an upstream name became a label"
+    );
+    assert_eq!(Some(series(&text)), after_100, "the label sets grew");
+    // The calls are all there, under configured names.
+    assert_eq!(
+        sample(&text, "ai_router_calls_total", &[("outcome", "succeeded")]),
+        4_000.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "ai_router_calls_total",
+            &[("provider", "backup"), ("model", "claude-x")]
+        ),
+        300.0
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "gen_ai_client_operation_duration_seconds_count",
+            &[("gen_ai_request_model", "gpt-4o-mini")]
+        ),
+        2_700.0 + 900.0
+    );
+}

@@ -380,6 +380,7 @@ fn failure_response(f: &Failure) -> Response {
     let label = f.class().as_metric_label();
     let (status, kind) = match f.class() {
         FailureClass::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
+        FailureClass::Conflict => (StatusCode::CONFLICT, "conflict"),
         FailureClass::BadRequest
         | FailureClass::ContextWindowExceeded
         | FailureClass::ContentFiltered => (StatusCode::BAD_REQUEST, "invalid_request_error"),

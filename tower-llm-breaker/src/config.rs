@@ -17,6 +17,35 @@ pub struct RatioTrigger {
     pub window: Duration,
 }
 
+/// What one outcome counted by a breaker stands for (`count` in a config
+/// file).
+///
+/// The breaker sits inside the retry layer (`deadline → fallback → retry →
+/// breaker`), so by default it sees, and counts, every **attempt**: with
+/// 3 attempts per call, a `consecutive_failures` threshold of 5 opens the
+/// circuit during the 2nd failed call (its 2nd attempt is the 5th failure;
+/// its 3rd attempt is refused and the call fails over). With
+/// [`Calls`](BreakerCount::Calls) it counts one outcome per logical call
+/// per link instead (seed 000): the same threshold opens during the 5th
+/// failed call (on its first attempt, after 4 × 3 + 1 = 13 attempts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerCount {
+    /// Every attempt the breaker admits counts (the default).
+    #[default]
+    Attempts,
+    /// One outcome per logical call per link, read from the call's
+    /// attempt log: the first tripping failure of a call on a link counts
+    /// (at once, so a circuit can open while the call is still retrying);
+    /// further failures of the same call on that link count nothing; a
+    /// success counts (it resets the consecutive count). So a call whose
+    /// 3 attempts all fail is one failure, and a call that recovers on a
+    /// retry is one failure then one success (which a ratio trigger sees as
+    /// two calls). Without an attempt log (no tower-llm layer outside made
+    /// one) each attempt is a call.
+    Calls,
+}
+
 /// When a circuit opens, how long it stays open, and how it probes.
 ///
 /// Field names are the same in Rust and in TOML/JSON (durations in
@@ -64,6 +93,10 @@ pub struct BreakerConfig {
         with = "tower_llm_core::serde_millis"
     )]
     pub max_rate_limit_hold: Duration,
+    /// What one counted outcome stands for: every attempt (default) or
+    /// one per logical call per link (`count = "calls"`); see
+    /// [`BreakerCount`].
+    pub count: BreakerCount,
 }
 
 impl Default for BreakerConfig {
@@ -78,6 +111,7 @@ impl Default for BreakerConfig {
             half_open_probes: 1,
             rate_limit_hold: true,
             max_rate_limit_hold: Duration::from_secs(300),
+            count: BreakerCount::Attempts,
         }
     }
 }

@@ -6,11 +6,58 @@ use std::task::{Context, Poll, ready};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_llm_core::{
-    AttemptLog, AttemptOutcome, BoxError, Classify, Failure, FailureClass, FailurePolicy, Outcome,
+    AttemptLog, AttemptOutcome, BoxError, Classify, Failure, FailureClass, FailurePolicy, NextStep,
+    Outcome,
 };
 
 use crate::circuit::{Admission, Circuit, Verdict};
-use crate::{BreakerConfig, Observer};
+use crate::{BreakerConfig, BreakerCount, Observer};
+
+/// The record of an attempt the breaker made itself (no retry layer
+/// outside made one): finished when the call ends or is dropped.
+#[derive(Debug)]
+pub(crate) struct OwnRecord {
+    pub(crate) log: AttemptLog,
+    pub(crate) index: usize,
+    pub(crate) start: Instant,
+    pub(crate) deadline: Option<Instant>,
+}
+
+impl OwnRecord {
+    /// Completes the record from the call's outcome, and names the
+    /// provider and model in an error.
+    fn finish<Res>(self, outcome: &Outcome, result: &mut Result<Res, Failure>) {
+        let elapsed = self.start.elapsed();
+        let mut origin = None;
+        self.log.finish(self.index, |r| {
+            r.outcome = match outcome {
+                Outcome::Success { .. } => AttemptOutcome::Succeeded,
+                Outcome::Failure(c) => AttemptOutcome::Failed(c.class),
+            };
+            r.elapsed = elapsed;
+            r.http_status = outcome.http_status().map(|s| s.as_u16());
+            origin = Some((r.provider.clone(), r.model.clone()));
+        });
+        if let (Err(e), Some((provider, model))) = (result, origin) {
+            e.set_origin_if_unset(provider, model);
+        }
+    }
+
+    /// Completes the record of a call dropped before it ended.
+    fn abandon(self) {
+        let now = Instant::now();
+        let class = if self.deadline.is_some_and(|d| d <= now) {
+            FailureClass::DeadlineExceeded
+        } else {
+            FailureClass::Cancelled
+        };
+        let elapsed = now.saturating_duration_since(self.start);
+        self.log.finish(self.index, |r| {
+            r.outcome = AttemptOutcome::Failed(class);
+            r.elapsed = elapsed;
+        });
+    }
+}
 
 /// An admitted call's hold on its circuit: records the outcome when the
 /// call ends, and on drop without an outcome releases a probe slot (or,
@@ -29,6 +76,8 @@ pub(crate) struct Guard<C> {
     /// The call's attempt log and the record of the attempt this call
     /// belongs to (when a retry layer outside made one).
     pub(crate) attempt: Option<(AttemptLog, usize)>,
+    /// The record this breaker made (when no retry layer did).
+    pub(crate) own: Option<OwnRecord>,
     pub(crate) done: bool,
 }
 
@@ -48,11 +97,8 @@ impl<C> Guard<C> {
         crate::layer::announce(self.observer.as_ref(), transition.as_ref());
     }
 
-    fn verdict<Res>(&self, result: &Result<Res, Failure>) -> Verdict
-    where
-        C: Classify<Res, Failure>,
-    {
-        match self.classifier.classify(result) {
+    fn verdict(&self, outcome: &Outcome) -> Verdict {
+        match *outcome {
             Outcome::Success { .. } => {
                 let slow = match (self.config.slow_call, self.start) {
                     (Some(limit), Some(start)) => start.elapsed() >= limit,
@@ -66,8 +112,10 @@ impl<C> Guard<C> {
             }
             Outcome::Failure(c) => {
                 if self.failures.get(c.class).trip_breaker {
+                    // `Retry-After: 0` (or a past date) asks for no
+                    // wait: it holds nothing open.
                     let hold = match c.class {
-                        FailureClass::RateLimited => c.retry_after,
+                        FailureClass::RateLimited => c.retry_after.filter(|d| !d.is_zero()),
                         _ => None,
                     };
                     Verdict::Failure { hold }
@@ -77,10 +125,34 @@ impl<C> Guard<C> {
             }
         }
     }
+
+    /// Counting calls: this call has already counted a failure on this
+    /// link (an earlier attempt on it failed with a tripping class and
+    /// was retried), so another failure of the same call counts nothing.
+    fn counted_before(&self) -> bool {
+        if self.config.count != BreakerCount::Calls {
+            return false;
+        }
+        let Some((log, index)) = &self.attempt else {
+            return false;
+        };
+        let records = log.snapshot();
+        let Some(this) = records.get(*index) else {
+            return false;
+        };
+        records[..*index].iter().any(|r| {
+            r.fallback_position == this.fallback_position
+                && r.next == NextStep::Retried
+                && matches!(r.outcome, AttemptOutcome::Failed(c) if self.failures.get(c).trip_breaker)
+        })
+    }
 }
 
 impl<C> Drop for Guard<C> {
     fn drop(&mut self) {
+        if let Some(own) = self.own.take() {
+            own.abandon();
+        }
         if self.done {
             return;
         }
@@ -89,6 +161,7 @@ impl<C> Drop for Guard<C> {
         // a hung provider must count against its circuit.
         let timed_out = self.attempt.as_ref().is_some_and(|(log, index)| {
             log.outcome_at(*index) == Some(AttemptOutcome::Failed(FailureClass::Timeout))
+                && !self.counted_before()
         });
         if timed_out {
             let transition = self.circuit.record(
@@ -149,10 +222,17 @@ where
             return Poll::Ready(Err(Failure::new(FailureClass::Cancelled)
                 .with_message("breaker future polled after completion")));
         };
-        let result = ready!(inner.poll(cx)).map_err(Failure::from_inner);
+        let mut result = ready!(inner.poll(cx)).map_err(Failure::from_inner);
         this.inner.set(None);
-        if let Some(guard) = this.guard.take() {
-            let verdict = guard.verdict(&result);
+        if let Some(mut guard) = this.guard.take() {
+            let outcome = guard.classifier.classify(&result);
+            if let Some(own) = guard.own.take() {
+                own.finish(&outcome, &mut result);
+            }
+            let mut verdict = guard.verdict(&outcome);
+            if matches!(verdict, Verdict::Failure { .. }) && guard.counted_before() {
+                verdict = Verdict::Neutral;
+            }
             guard.record(verdict);
         }
         Poll::Ready(result)

@@ -5,7 +5,8 @@ use tower_layer::Layer;
 use tower_llm_core::{ChatClassifier, FailurePolicy, HttpClassifier, Link};
 
 use crate::{
-    Breaker, BreakerConfig, BreakerHandle, BreakerStore, LinkKey, MemoryStore, Transition,
+    Breaker, BreakerConfig, BreakerCount, BreakerHandle, BreakerStore, LinkKey, MemoryStore,
+    Transition,
 };
 
 /// A callback for circuit state changes.
@@ -173,6 +174,15 @@ impl<K, C> BreakerLayer<K, C> {
     #[must_use]
     pub fn with_failure_policy(mut self, failures: FailurePolicy) -> Self {
         self.failures = failures;
+        self
+    }
+
+    /// Counts every attempt ([`BreakerCount::Attempts`], the default) or
+    /// one outcome per logical call per link ([`BreakerCount::Calls`]);
+    /// the same as setting [`BreakerConfig::count`].
+    #[must_use]
+    pub fn with_count(mut self, count: BreakerCount) -> Self {
+        self.config.count = count;
         self
     }
 

@@ -69,7 +69,7 @@
 //!
 //! A 429 with `Retry-After` holds its key open for that long (capped, on by
 //! default), so traffic goes to the fallback instead of a provider that
-//! asked us to wait.
+//! asked us to wait. `Retry-After: 0` (or a date in the past) holds nothing.
 //!
 //! # Keys
 //!
@@ -86,6 +86,28 @@
 //! fallback skip to the next link instead of failing the call; inside retry,
 //! so each attempt is admitted or refused, and a refusal is never retried on
 //! the same link (*circuit open* is not retryable; it fails over at once).
+//!
+//! # Attempts or calls
+//!
+//! Because it sits inside retry, the breaker sees every attempt, and by
+//! default counts each one. The consequence, in numbers: with 3 attempts
+//! per call and `consecutive_failures = 5`, the circuit opens on the 2nd
+//! attempt of the 2nd failed call (3 + 2 = 5 failures), so 2 failed calls
+//! open it, not 5; the 3rd attempt of that call is refused and the call
+//! fails over. To count one outcome per logical call per link instead
+//! (seed 000), set [`BreakerConfig::count`] to [`BreakerCount::Calls`]
+//! (`count = "calls"`, or [`BreakerLayer::with_count`]): a call's first
+//! failure on a link counts, its further failures there do not, a success
+//! does; the same threshold then opens on the first attempt of the 5th
+//! failed call (4 × 3 + 1 = 13 attempts).
+//!
+//! # Attempt records
+//!
+//! Inside a retry layer, the breaker reads the record the retry layer made
+//! for the attempt. Without one (a `deadline → breaker` or `deadline →
+//! fallback → breaker` stack), it writes the record of each attempt
+//! itself: provider and model of the link, attempt number, outcome,
+//! elapsed, HTTP status; a refusal is recorded as *circuit open*.
 //!
 //! # Errors, not responses
 //!
@@ -115,7 +137,7 @@ mod service;
 mod store;
 
 pub use circuit::{Circuit, CircuitSnapshot, CircuitState, Transition, TransitionReason};
-pub use config::{BreakerConfig, RatioTrigger};
+pub use config::{BreakerConfig, BreakerCount, RatioTrigger};
 pub use future::ResponseFuture;
 pub use handle::BreakerHandle;
 pub use key::{AuthorityKey, BreakerKey, KeyFn, KeyView, LinkKey};

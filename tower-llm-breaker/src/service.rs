@@ -1,11 +1,15 @@
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_llm_core::{AttemptLog, BoxError, Classify, Failure, HasExtensions};
+use tower_llm_core::{
+    AttemptOutcome, AttemptRecord, BoxError, CallView, Classify, Failure, FailureClass,
+    HasExtensions,
+};
 use tower_service::Service;
 
-use crate::future::Guard;
+use crate::future::{Guard, OwnRecord};
 use crate::{BreakerLayer, Circuit, KeyFn, ResponseFuture};
 
 /// The service built by [`BreakerLayer`]: see the [crate docs](crate).
@@ -79,6 +83,38 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let shared = &self.shared;
+        // The attempt's record: a retry layer outside has made it (the
+        // breaker reads it); without one, the breaker makes it, so a stack
+        // without a retry layer still records every attempt.
+        let view = CallView::of(req.extensions());
+        let mut attempt = None;
+        let mut own = None;
+        if let Some(log) = view.log {
+            match log.in_flight() {
+                Some(index) => attempt = Some((log.clone(), index)),
+                None => {
+                    let link = view.link.unwrap_or(&shared.link);
+                    let record = AttemptRecord::new(
+                        link,
+                        view.attempt,
+                        AttemptOutcome::InFlight,
+                        Duration::ZERO,
+                    );
+                    match log.begin(record) {
+                        Ok(index) => {
+                            own = Some(OwnRecord {
+                                log: log.clone(),
+                                index,
+                                start: Instant::now(),
+                                deadline: view.deadline.map(|d| d.instant()),
+                            });
+                        }
+                        // The attempts cap: this attempt must not be made.
+                        Err(cap) => return ResponseFuture::refused(cap),
+                    }
+                }
+            }
+        }
         let last = &mut self.last;
         let circuit = shared.key_fn.with_key(&req, &shared.link, |key| {
             if let Some(c) = last.as_ref().and_then(Weak::upgrade) {
@@ -105,6 +141,11 @@ where
                 );
                 let mut failure = Failure::circuit_open(retry_after);
                 failure.set_origin_if_unset(key.provider_arc().clone(), key.model_arc().clone());
+                if let Some(own) = own {
+                    own.log.finish(own.index, |r| {
+                        r.outcome = AttemptOutcome::Failed(FailureClass::CircuitOpen);
+                    });
+                }
                 ResponseFuture::refused(failure)
             }
             Ok(admission) => {
@@ -116,8 +157,8 @@ where
                     classifier: shared.classifier.clone(),
                     observer: shared.observer.clone(),
                     start: shared.config.slow_call.map(|_| Instant::now()),
-                    attempt: AttemptLog::of(req.extensions())
-                        .and_then(|log| log.in_flight().map(|i| (log.clone(), i))),
+                    attempt,
+                    own,
                     done: false,
                 };
                 ResponseFuture::running(self.inner.call(req), guard)

@@ -874,3 +874,25 @@ async fn a_services_last_circuit_can_still_be_evicted() {
     let refused = svc.ready().await.expect("ready").call(req_for("a")).await;
     assert!(refused.expect_err("open").is_circuit_open());
 }
+
+/// Seed 000: `Retry-After: 0` (or a date in the past, parsed as zero) asks
+/// for no wait: it holds nothing open. It counts as the failure it is, but
+/// does not flip the circuit open and half-open on every 429.
+#[tokio::test(start_paused = true)]
+async fn a_429_with_retry_after_zero_holds_nothing_open() {
+    let provider = Provider::new(Answer::RateLimited(0));
+    let transitions = Arc::new(Mutex::new(Vec::<Transition>::new()));
+    let seen = transitions.clone();
+    let layer =
+        BreakerLayer::new().on_transition(move |t| seen.lock().expect("lock").push(t.clone()));
+    let handle = layer.handle();
+    let svc = layer.layer(provider.service());
+    for _ in 0..4 {
+        let err = svc.clone().oneshot(req()).await.expect_err("429");
+        assert!(err.is_rate_limited(), "{err:?}");
+    }
+    let c = handle.get(&key()).expect("circuit");
+    assert_eq!((c.state, c.consecutive_failures), (CircuitState::Closed, 4));
+    assert_eq!(provider.calls(), 4);
+    assert!(transitions.lock().expect("lock").is_empty());
+}

@@ -55,7 +55,8 @@ pub enum RetryStop {
     /// The retry budget shared by the layer's clones was spent (a failure
     /// storm): the failure was returned without another attempt.
     BudgetExhausted,
-    /// The backoff or `Retry-After` wait would end at or past the call's
+    /// The backoff or `Retry-After` wait, plus the shortest useful attempt
+    /// (the retry layer's `min_attempt`), would not fit before the call's
     /// deadline.
     PastDeadline,
     /// The provider's `Retry-After` is longer than the layer will wait
@@ -83,7 +84,8 @@ impl RetryStop {
 pub enum AttemptStatus {
     /// The attempt succeeded.
     Succeeded,
-    /// Retried after a 5xx (or 408/409) answer.
+    /// Retried after a 5xx answer (or another HTTP answer a policy made
+    /// retryable, such as a 409).
     RetriedAfter5xx,
     /// Retried after a 429.
     RetriedAfter429,
@@ -93,7 +95,8 @@ pub enum AttemptStatus {
     RetriedAfterConnReset,
     /// The next link of the fallback chain was tried.
     FailedOver,
-    /// Bad request (400-class, context window, content filter): no retry, no failover.
+    /// Bad request (400-class, context window, 409 conflict, content
+    /// filter): no retry, no failover.
     Terminal400,
     /// Model or endpoint not found: no retry, no failover.
     Terminal404,
@@ -219,6 +222,7 @@ impl AttemptRecord {
             NextStep::Returned => match class {
                 FailureClass::BadRequest
                 | FailureClass::ContextWindowExceeded
+                | FailureClass::Conflict
                 | FailureClass::ContentFiltered => AttemptStatus::Terminal400,
                 FailureClass::NotFound => AttemptStatus::Terminal404,
                 FailureClass::Auth => AttemptStatus::TerminalAuth,
@@ -270,6 +274,22 @@ impl AttemptRecord {
 /// ([`RecordsAttempts`]) or to the error ([`Failure::attempts`]).
 ///
 /// The lock is a plain mutex that is never held across an `.await`.
+///
+/// Who writes which record:
+///
+/// - the retry layer's per-attempt layer writes one record per attempt
+///   (begun as the attempt starts, finished when it ends or is dropped);
+/// - a circuit breaker with no retry layer outside it (no record in
+///   flight when it is called) writes the record of each attempt itself,
+///   its refusals included, so a deadline + breaker stack records every
+///   attempt too (a link with neither layer records nothing);
+/// - the fallback layer marks the record of the link it leaves
+///   [`NextStep::FailedOver`] and records a link its admission rule skips;
+/// - the retry policy marks [`NextStep::Retried`] or the
+///   [`RetryStop`].
+///
+/// A successful typed attempt records `http_status: Some(200)` (see
+/// [`ChatClassifier`](crate::ChatClassifier)).
 ///
 /// ```
 /// use std::time::Duration;

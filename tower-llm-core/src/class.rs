@@ -34,6 +34,12 @@ pub enum FailureClass {
     Auth,
     /// HTTP 404: the model or endpoint does not exist at this provider.
     NotFound,
+    /// HTTP 409: the request conflicts with the resource's current state
+    /// (a version or lock conflict). It needs a re-read and a new request,
+    /// not the same request again (seed 004), so by default it is neither
+    /// retried nor failed over and does not trip a breaker; a
+    /// [`FailurePolicy`] can make it retryable.
+    Conflict,
     /// The provider's safety filter refused the request or the answer.
     ContentFiltered,
     /// The provider answered with something we cannot use: malformed JSON, a
@@ -47,7 +53,7 @@ pub enum FailureClass {
 
 impl FailureClass {
     /// Every class, in declaration order.
-    pub const ALL: [FailureClass; 13] = [
+    pub const ALL: [FailureClass; 14] = [
         FailureClass::Transient,
         FailureClass::RateLimited,
         FailureClass::QuotaExhausted,
@@ -57,6 +63,7 @@ impl FailureClass {
         FailureClass::ContextWindowExceeded,
         FailureClass::Auth,
         FailureClass::NotFound,
+        FailureClass::Conflict,
         FailureClass::ContentFiltered,
         FailureClass::InvalidResponse,
         FailureClass::Cancelled,
@@ -78,6 +85,7 @@ impl FailureClass {
             FailureClass::ContextWindowExceeded => "context_window_exceeded",
             FailureClass::Auth => "auth",
             FailureClass::NotFound => "not_found",
+            FailureClass::Conflict => "conflict",
             FailureClass::ContentFiltered => "content_filtered",
             FailureClass::InvalidResponse => "invalid_response",
             FailureClass::Cancelled => "cancelled",
@@ -93,7 +101,7 @@ impl FailureClass {
     /// | quota exhausted | no | yes | yes |
     /// | invalid response | no | yes | yes |
     /// | circuit open | no | no | yes |
-    /// | bad request, context window, auth, not found, content filtered | no | no | no |
+    /// | bad request, context window, auth, not found, conflict (409), content filtered | no | no | no |
     /// | cancelled, deadline exceeded | no | no | no |
     ///
     /// Client errors (4xx) never count against a breaker: the provider
@@ -118,6 +126,7 @@ impl FailureClass {
             | FailureClass::ContextWindowExceeded
             | FailureClass::Auth
             | FailureClass::NotFound
+            | FailureClass::Conflict
             | FailureClass::ContentFiltered
             | FailureClass::Cancelled
             | FailureClass::DeadlineExceeded => d(false, false, false),
@@ -125,8 +134,8 @@ impl FailureClass {
     }
 
     /// `true` for the classes that come from the caller's own request
-    /// (400, context window, 401/403, 404, content filter): the outcome
-    /// label `terminal_4xx` / `auth_error` of the call metrics.
+    /// (400, context window, 401/403, 404, 409, content filter): the
+    /// outcome label `terminal_4xx` / `auth_error` of the call metrics.
     pub const fn is_client_error(self) -> bool {
         matches!(
             self,
@@ -134,6 +143,7 @@ impl FailureClass {
                 | FailureClass::ContextWindowExceeded
                 | FailureClass::Auth
                 | FailureClass::NotFound
+                | FailureClass::Conflict
                 | FailureClass::ContentFiltered
         )
     }
@@ -155,6 +165,7 @@ impl std::fmt::Display for FailureClass {
             FailureClass::ContextWindowExceeded => "context window exceeded",
             FailureClass::Auth => "authentication or permission failure",
             FailureClass::NotFound => "model or endpoint not found",
+            FailureClass::Conflict => "conflict with the resource's current state",
             FailureClass::ContentFiltered => "content filtered",
             FailureClass::InvalidResponse => "invalid provider response",
             FailureClass::Cancelled => "cancelled",
@@ -318,6 +329,19 @@ mod tests {
                 InvalidResponse
             ]
         );
+    }
+
+    #[test]
+    fn a_conflict_is_terminal_by_default_and_retryable_by_override() {
+        let d = FailurePolicy::default().get(FailureClass::Conflict);
+        assert!(!d.retry && !d.trip_breaker && !d.failover);
+        let retry = Disposition {
+            retry: true,
+            trip_breaker: false,
+            failover: false,
+        };
+        let p = FailurePolicy::default().with(FailureClass::Conflict, retry);
+        assert_eq!(p.get(FailureClass::Conflict), retry);
     }
 
     #[test]

@@ -109,15 +109,23 @@ where
 
 /// The default classifier for typed calls ([`ChatResponse`],
 /// [`EmbeddingResponse`](crate::EmbeddingResponse), or any response type
-/// whose failures are `Err`s): `Ok` is success, `Err` is the [`Failure`]'s
-/// own classification.
+/// whose failures are `Err`s): `Ok` is success with HTTP status 200, `Err`
+/// is the [`Failure`]'s own classification.
+///
+/// A typed answer is a provider's successful HTTP answer, decoded: the
+/// provider services turn every other status into an `Err`, and the chat,
+/// message and converse endpoints answer 200. So a successful typed
+/// attempt is recorded with `http_status: Some(200)` (seed 002 AC 1), the
+/// same as a raw HTTP call answered 200.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ChatClassifier;
 
 impl<Res> Classify<Res, Failure> for ChatClassifier {
     fn classify(&self, result: &Result<Res, Failure>) -> Outcome {
         match result {
-            Ok(_) => Outcome::Success { http_status: None },
+            Ok(_) => Outcome::Success {
+                http_status: Some(StatusCode::OK),
+            },
             Err(f) => Outcome::Failure(f.classified()),
         }
     }
@@ -148,7 +156,7 @@ impl<B> Classify<http::Response<B>, Failure> for HttpClassifier {
 /// | 402 | [`QuotaExhausted`](FailureClass::QuotaExhausted) |
 /// | 404 | [`NotFound`](FailureClass::NotFound) |
 /// | 408 | [`Timeout`](FailureClass::Timeout) |
-/// | 409 | [`Transient`](FailureClass::Transient) (a lock conflict, retried by the OpenAI and Anthropic SDKs) |
+/// | 409 | [`Conflict`](FailureClass::Conflict) (needs a re-read, not the same request again: not retried by default, although the OpenAI and Anthropic SDKs retry it) |
 /// | 429 | [`RateLimited`](FailureClass::RateLimited) |
 /// | 500–599 (incl. 529 overloaded) | [`Transient`](FailureClass::Transient) |
 /// | 600–999 (not HTTP) | [`InvalidResponse`](FailureClass::InvalidResponse) |
@@ -169,7 +177,7 @@ pub fn classify_status(status: StatusCode, headers: &HeaderMap) -> Outcome {
         402 => FailureClass::QuotaExhausted,
         404 => FailureClass::NotFound,
         408 => FailureClass::Timeout,
-        409 => FailureClass::Transient,
+        409 => FailureClass::Conflict,
         429 => FailureClass::RateLimited,
         400..=499 => FailureClass::BadRequest,
         500..=599 => FailureClass::Transient,
@@ -224,7 +232,7 @@ mod tests {
                 402 => Some(QuotaExhausted),
                 404 => Some(NotFound),
                 408 => Some(Timeout),
-                409 => Some(Transient),
+                409 => Some(Conflict),
                 429 => Some(RateLimited),
                 400..=499 => Some(BadRequest),
                 500..=599 => Some(Transient),
@@ -237,7 +245,7 @@ mod tests {
     #[test]
     fn seed_terminal_statuses_neither_retry_nor_fail_over() {
         let p = FailurePolicy::default();
-        for code in [400, 401, 403, 404] {
+        for code in [400, 401, 403, 404, 409] {
             let class = class_of(code).expect("failure");
             let d = p.get(class);
             assert!(!d.retry && !d.failover && !d.trip_breaker, "status {code}");

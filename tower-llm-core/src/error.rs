@@ -11,6 +11,10 @@ use http::StatusCode;
 
 use crate::{AttemptRecord, Classified, FailureClass};
 
+/// The message of [`Failure::attempts_cap_exceeded`].
+const ATTEMPTS_CAP_EXCEEDED: &str =
+    "attempts cap exceeded (16); programmer error in the retry or fallback chain";
+
 /// A type-erased error, as used by `tower` (`Box<dyn Error + Send + Sync>`).
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
@@ -92,9 +96,15 @@ impl Failure {
     /// The failure returned when the [attempt log](crate::AttemptLog) is full:
     /// an invalid-response failure reading "attempts cap exceeded".
     pub fn attempts_cap_exceeded() -> Self {
-        Failure::new(FailureClass::InvalidResponse).with_message(
-            "attempts cap exceeded (16); programmer error in the retry or fallback chain",
-        )
+        Failure::new(FailureClass::InvalidResponse).with_message(ATTEMPTS_CAP_EXCEEDED)
+    }
+
+    /// `true` for the failure made by [`attempts_cap_exceeded`](Self::attempts_cap_exceeded):
+    /// a call refused a 17th attempt (logged at `severity = "sev-2"` when
+    /// the call ends).
+    pub fn is_attempts_cap_exceeded(&self) -> bool {
+        self.inner.class == FailureClass::InvalidResponse
+            && self.inner.message.as_deref() == Some(ATTEMPTS_CAP_EXCEEDED)
     }
 
     /// A failure built from a classification (as returned by a
@@ -334,6 +344,10 @@ impl Failure {
     pub fn is_not_found(&self) -> bool {
         self.inner.class == FailureClass::NotFound
     }
+    /// Class is [`Conflict`](FailureClass::Conflict).
+    pub fn is_conflict(&self) -> bool {
+        self.inner.class == FailureClass::Conflict
+    }
     /// Class is [`ContentFiltered`](FailureClass::ContentFiltered).
     pub fn is_content_filtered(&self) -> bool {
         self.inner.class == FailureClass::ContentFiltered
@@ -510,6 +524,8 @@ mod tests {
     fn cap_failure_names_the_cap() {
         let f = Failure::attempts_cap_exceeded();
         assert!(f.is_invalid_response());
+        assert!(f.is_attempts_cap_exceeded());
+        assert!(!Failure::new(FailureClass::InvalidResponse).is_attempts_cap_exceeded());
         assert!(f.to_string().contains("attempts cap exceeded"));
     }
 

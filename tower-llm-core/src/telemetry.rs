@@ -21,9 +21,11 @@
 //! outermost tower-llm layer), once, when the call ends, from the call's
 //! attempt records: so the counts of one call always agree with each other
 //! and with the records returned to the caller. Provider and model labels
-//! are the [`Link`](crate::Link) names given to the layers (a closed set
-//! the operator configures); outcome and reason labels come from
-//! `as_metric_label()` on closed enums, never from `Debug`.
+//! come from configuration only: the [`Link`](crate::Link) names given to
+//! the layers (a closed set the operator configures), `unknown` for a call
+//! that made no attempt; never the request's `model` (a client may have
+//! chosen it) nor the model an upstream answer names. Outcome and reason
+//! labels come from `as_metric_label()` on closed enums, never from `Debug`.
 //!
 //! [`GenAiMetrics`] are the OpenTelemetry GenAI client conventions
 //! (`gen_ai.client.operation.duration`, `gen_ai.client.token.usage`),
@@ -92,6 +94,7 @@ impl CallOutcome {
             FailureClass::Auth => CallOutcome::AuthError,
             FailureClass::BadRequest
             | FailureClass::NotFound
+            | FailureClass::Conflict
             | FailureClass::ContextWindowExceeded
             | FailureClass::ContentFiltered => CallOutcome::Terminal4xx,
             _ => CallOutcome::AllFailed,
@@ -243,19 +246,12 @@ impl Metrics {
         let [provider, model] = match (previous, labels) {
             (Some(last), Some((r, link))) if same_link(r, last) => link,
             (Some(last), _) => link_labels(last),
+            // No attempt was made (the deadline had passed, say): no
+            // link's names to use, and a failure's own provider and model
+            // strings are not a closed set.
             (None, _) => [
-                KeyValue::new(
-                    "provider",
-                    failure
-                        .and_then(Failure::provider)
-                        .map_or(Value::from("unknown"), |p| Value::from(p.to_owned())),
-                ),
-                KeyValue::new(
-                    "model",
-                    failure
-                        .and_then(Failure::model)
-                        .map_or(Value::from("unknown"), |p| Value::from(p.to_owned())),
-                ),
+                KeyValue::new("provider", "unknown"),
+                KeyValue::new("model", "unknown"),
             ],
         };
         m.calls
@@ -330,7 +326,12 @@ impl CallOwner {
     /// A call that ends on an authentication failure (an error, or an HTTP
     /// 401/403 answer handed back) is logged once, at `error` with
     /// `severity = "sev-1"`: it is a configuration fault (a wrong or revoked
-    /// key) that no retry fixes.
+    /// key) that no retry fixes. Two more are logged once, with
+    /// `severity = "sev-2"` (seed 002 §1 items 9 and 13): a call that ends
+    /// on a 404 / model not found (`warn`: the configured model name and
+    /// the provider's catalogue disagree), and a call that hit the cap of
+    /// [`MAX_ATTEMPTS_PER_CALL`](crate::MAX_ATTEMPTS_PER_CALL) attempts
+    /// (`error`: a bug in the chain's construction).
     pub fn finish<Res: RecordsAttempts>(mut self, result: &mut Result<Res, Failure>) {
         self.done = true;
         let records = self.log.take();
@@ -360,6 +361,32 @@ impl CallOwner {
                     .and_then(|r| r.http_status)
                     .or_else(|| failure.and_then(|f| f.http_status()).map(|s| s.as_u16())),
                 "provider rejected our credentials (401/403): check the API key or its permissions"
+            );
+        }
+        let not_found = match failure {
+            Some(f) => f.is_not_found(),
+            None => {
+                last.is_some_and(|r| r.outcome == AttemptOutcome::Failed(FailureClass::NotFound))
+            }
+        };
+        if not_found {
+            tracing::warn!(
+                parent: &self.span,
+                severity = "sev-2",
+                provider = last.map_or(failure.and_then(Failure::provider).unwrap_or(""), |r| &*r.provider),
+                model = last.map_or(failure.and_then(Failure::model).unwrap_or(""), |r| &*r.model),
+                status = last
+                    .and_then(|r| r.http_status)
+                    .or_else(|| failure.and_then(|f| f.http_status()).map(|s| s.as_u16())),
+                "provider does not know the model (404): the configured model name is wrong"
+            );
+        }
+        if failure.is_some_and(Failure::is_attempts_cap_exceeded) {
+            tracing::error!(
+                parent: &self.span,
+                severity = "sev-2",
+                attempts = records.len(),
+                "attempts cap exceeded: programmer error in the retry or fallback chain"
             );
         }
         if !self.span.is_disabled() {
@@ -425,7 +452,9 @@ struct GenAiInstruments {
 /// `gen_ai.client.token.usage` (tokens, by `gen_ai.token.type` `input` /
 /// `output`), with `gen_ai.operation.name`, `gen_ai.provider.name`,
 /// `gen_ai.request.model` and, on failure, `error.type` (the failure
-/// class label).
+/// class label). The provider services label `gen_ai.request.model` with
+/// the configured model of the call's [`Link`](crate::Link) (`unknown`
+/// without one), never the request's free-form `model`.
 #[derive(Clone)]
 pub struct GenAiMetrics {
     inner: Option<Arc<GenAiInstruments>>,
@@ -482,7 +511,8 @@ impl GenAiMetrics {
     }
 
     /// Records one chat operation of `provider`'s `model` that took
-    /// `duration`: its usage on success, its class on failure.
+    /// `duration`: its usage on success, its class on failure. `model`
+    /// becomes a label: pass a configured name, never client input.
     pub fn record_chat(
         &self,
         provider: &'static str,

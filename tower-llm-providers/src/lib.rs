@@ -36,6 +36,25 @@
 //! default): a larger one is an invalid-response failure and memory stays
 //! bounded.
 //!
+//! # Content filters
+//!
+//! A refusal *before* generation is an error answer, so a failure of class
+//! [`ContentFiltered`](tower_llm_core::FailureClass::ContentFiltered): not
+//! retried, not counted by a breaker, and failed over only, opt-in, to a
+//! link marked `allows_filtered_content()` in the fallback layer. A filter
+//! that *ends* a generation answers 200: the answer (possibly partial)
+//! comes back with [`FinishReason::ContentFilter`](tower_llm_core::FinishReason::ContentFilter)
+//! for the caller to judge.
+//!
+//! | provider | signal | becomes |
+//! |---|---|---|
+//! | OpenAI / Azure OpenAI | a 400 whose `code` or `type` is `content_filter` or `content_policy_violation` | failure `content_filtered` |
+//! | OpenAI | `finish_reason: "content_filter"`, or a `message.refusal` | finish reason `ContentFilter` |
+//! | Anthropic | `stop_reason: "refusal"` | finish reason `ContentFilter` |
+//! | Bedrock | `stopReason: "guardrail_intervened"` or `"content_filtered"` | finish reason `ContentFilter` |
+//!
+//! Streams map the same stop reasons to the same finish reason.
+//!
 //! # Secrets
 //!
 //! Keys live in [`ApiKey`], whose `Debug` and `Display` print

@@ -145,7 +145,8 @@ where
         let metrics = self.metrics.clone();
         Box::pin(async move {
             let call = chat(&mut transport, &config, &req);
-            crate::transport::timed_chat(&metrics, PROVIDER, &req.model, call).await
+            let model = crate::transport::metric_model(&req);
+            crate::transport::timed_chat(&metrics, PROVIDER, &model, call).await
         })
     }
 }
@@ -226,6 +227,7 @@ where
                 ),
                 provider: PROVIDER,
                 model: req.model.clone(),
+                metric_model: crate::transport::metric_model(&req),
                 max_error_body: config.max_body,
                 timeouts,
                 deadline: tower_llm_core::Deadline::of(&req.extensions),

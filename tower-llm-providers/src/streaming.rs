@@ -306,7 +306,7 @@ pub(crate) struct Live<B, W> {
 /// The GenAI metrics of a committed stream, recorded once when it ends.
 struct Report {
     metrics: GenAiMetrics,
-    model: String,
+    model: std::sync::Arc<str>,
     started: Instant,
     usage: Usage,
 }
@@ -625,6 +625,8 @@ pub(crate) struct Open<W, E> {
     pub(crate) wire: W,
     pub(crate) provider: &'static str,
     pub(crate) model: String,
+    /// The `gen_ai.request.model` label (the link's configured model).
+    pub(crate) metric_model: std::sync::Arc<str>,
     pub(crate) max_error_body: usize,
     pub(crate) timeouts: StreamTimeouts,
     pub(crate) deadline: Option<Deadline>,
@@ -652,6 +654,7 @@ where
         wire,
         provider,
         model,
+        metric_model,
         max_error_body,
         timeouts,
         deadline,
@@ -687,7 +690,7 @@ where
         Ok(Ok(mut live)) => {
             live.report = Some(Report {
                 metrics,
-                model: model.clone(),
+                model: metric_model,
                 started,
                 usage: Usage::default(),
             });
@@ -706,6 +709,6 @@ where
                 timeouts.first_token
             )),
     };
-    metrics.record_chat(provider, &model, started.elapsed(), Err(&failure));
+    metrics.record_chat(provider, &metric_model, started.elapsed(), Err(&failure));
     Err(failure)
 }

@@ -118,6 +118,18 @@ pub(crate) fn inject_trace_context(headers: &mut HeaderMap) {
 #[cfg(not(feature = "otel"))]
 pub(crate) fn inject_trace_context(_headers: &mut HeaderMap) {}
 
+/// The `gen_ai.request.model` label of a call: the configured model of
+/// the call's [`Link`](tower_llm_core::Link) (set by the fallback layer, or
+/// stored by the caller), never the request's free-form `model` (a client
+/// may have chosen it, and a label set must stay closed); `"unknown"`
+/// without a link.
+pub(crate) fn metric_model(req: &tower_llm_core::ChatRequest) -> std::sync::Arc<str> {
+    match tower_llm_core::Link::of(&req.extensions) {
+        Some(link) => link.model_arc().clone(),
+        None => std::sync::Arc::from("unknown"),
+    }
+}
+
 /// Times one chat call of `provider` and records its GenAI metrics.
 pub(crate) async fn timed_chat<F>(
     metrics: &tower_llm_core::GenAiMetrics,

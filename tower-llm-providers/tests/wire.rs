@@ -464,3 +464,74 @@ async fn embeddings_over_real_http_behind_the_retry_layer() {
 fn tower_llm_retry_layer() -> tower_llm_retry::RetryLayer {
     tower_llm_retry::RetryLayer::new()
 }
+
+/// A fixture with `from` replaced by `to` (exactly once).
+fn patched(name: &str, from: &str, to: &str) -> Vec<u8> {
+    let text = String::from_utf8(fixture(name)).expect("utf-8");
+    assert_eq!(text.matches(from).count(), 1, "{name}: {from}");
+    text.replacen(from, to, 1).into_bytes()
+}
+
+/// Row 7, the content-filter table: a refusal *before* generation is an
+/// error answer and a failure (`content_filtered`, opt-in failover); a
+/// filter that *stops* a generation is a 200 with a finish reason (the
+/// answer, possibly partial, is the caller's to judge).
+#[test]
+fn content_filter_openai_error_is_a_failure_finish_reason_is_a_finish_reason() {
+    // OpenAI (and Azure OpenAI): a 400 whose code is `content_filter`
+    // (or `content_policy_violation`) is a failure.
+    for code in ["content_filter", "content_policy_violation"] {
+        let body = patched(
+            "openai_error_context_length.json",
+            "\"context_length_exceeded\"",
+            &format!("\"{code}\""),
+        );
+        // The fixture's message speaks of the context length; only the
+        // code may decide here.
+        let body = String::from_utf8(body)
+            .expect("utf-8")
+            .replace("maximum context length", "content management policy");
+        let f = openai::decode_error(StatusCode::BAD_REQUEST, &HeaderMap::new(), body.as_bytes());
+        assert_eq!(f.class(), FailureClass::ContentFiltered, "{code}");
+        assert!(f.is_content_filtered());
+    }
+    // `finish_reason: content_filter` on a 200: the answer, finished by
+    // the filter.
+    let body = patched(
+        "openai_chat_completion.json",
+        "\"finish_reason\": \"stop\"",
+        "\"finish_reason\": \"content_filter\"",
+    );
+    let r = openai::decode(&body, Duration::ZERO).expect("an answer");
+    assert_eq!(r.finish_reason(), Some(FinishReason::ContentFilter));
+    assert_eq!(r.text(), "Hello! How can I assist you today?");
+}
+
+#[test]
+fn content_filter_anthropic_refusal_is_a_finish_reason() {
+    let body = patched(
+        "anthropic_message.json",
+        "\"stop_reason\": \"end_turn\"",
+        "\"stop_reason\": \"refusal\"",
+    );
+    let r = anthropic::decode(&body, Duration::ZERO).expect("an answer");
+    assert_eq!(r.finish_reason(), Some(FinishReason::ContentFilter));
+}
+
+#[test]
+fn content_filter_bedrock_stop_reasons_are_finish_reasons() {
+    for reason in ["guardrail_intervened", "content_filtered"] {
+        let body = patched(
+            "bedrock_converse_response.json",
+            "\"stopReason\":\"max_tokens\"",
+            &format!("\"stopReason\":\"{reason}\""),
+        );
+        let r = tower_llm_providers::bedrock::decode(&body, "req-1", "m", Duration::ZERO)
+            .expect("an answer");
+        assert_eq!(
+            r.finish_reason(),
+            Some(FinishReason::ContentFilter),
+            "{reason}"
+        );
+    }
+}

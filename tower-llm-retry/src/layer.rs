@@ -93,9 +93,23 @@ impl<C: Clone> RetryLayer<C> {
     /// The longest `Retry-After` the layer will wait out before a retry
     /// (default 60 s, as the OpenAI SDK). A longer one returns the failure
     /// at once (so the fallback layer can move on), whatever the deadline.
+    /// A shorter one is a floor under the backoff: the wait is
+    /// `max(backoff, Retry-After)`.
     #[must_use]
     pub fn with_max_retry_after(self, max: Duration) -> Self {
         self.update(|s| s.max_retry_after = max)
+    }
+
+    /// The shortest time worth starting a retry with (default 1 s): a
+    /// retry starts only if its wait plus this much still fits before the
+    /// call's deadline; otherwise the failure is returned at once, so a
+    /// fallback link can use the time left (seed 004: no retry if the
+    /// backoff and the next attempt cannot finish within the remaining
+    /// deadline). Set it near the link's typical (p50) latency. Never more
+    /// than the attempt timeout; [`Duration::ZERO`] checks only the wait.
+    #[must_use]
+    pub fn with_min_attempt(self, min_attempt: Duration) -> Self {
+        self.update(|s| s.min_attempt = min_attempt)
     }
 
     /// The backoff schedule (default [`Backoff::seed_default`]).

@@ -52,12 +52,17 @@
 //! - At most `max_attempts` per link (default 3); the first is immediate.
 //! - Before retry `n`, the [`Backoff`] schedule: by default 200 ms then
 //!   800 ms, ±20 % uniform jitter, from a lock-free [`SplitMix64`].
-//! - A `Retry-After` / `retry-after-ms` hint wins: the layer waits exactly
-//!   that long instead, up to `max_retry_after` (default 60 s; a longer one
-//!   returns the failure at once, deadline or not).
-//! - If the wait would end at or past the call's [`Deadline`](tower_llm_core::Deadline),
-//!   it does not wait at all: the last failure is returned at once so the
-//!   fallback layer can move on. Nothing starts after the deadline.
+//! - A `Retry-After` / `retry-after-ms` hint is a floor: the wait is
+//!   `max(backoff, Retry-After)`, so a `Retry-After: 0` or a date in the
+//!   past still waits out the backoff (no retry storm). A hint over
+//!   `max_retry_after` (default 60 s) returns the failure at once,
+//!   deadline or not.
+//! - A retry starts only if the wait plus a minimum useful attempt
+//!   ([`RetryLayer::with_min_attempt`], default 1 s, never more than the
+//!   attempt timeout) fits before the call's [`Deadline`](tower_llm_core::Deadline);
+//!   otherwise it does not wait at all: the last failure is returned at
+//!   once (retry stop `PastDeadline`) so the fallback layer can use the
+//!   time. Nothing starts after the deadline.
 //! - Each attempt is bounded by `min(attempt_timeout, remaining deadline)`
 //!   (default 30 s). An attempt that hits its own timeout is a retryable
 //!   *timeout*; one that hits the call's deadline is *deadline exceeded*.

@@ -15,6 +15,10 @@ use crate::{Backoff, Budget, RandomSource, RetryBudget, SplitMix64};
 /// Tokio's timer resolution: sleeps end on a whole millisecond.
 const TIMER_GRANULARITY: Duration = Duration::from_millis(1);
 
+/// The default shortest time worth starting an attempt with (see
+/// [`RetryLayer::with_min_attempt`](crate::RetryLayer::with_min_attempt)).
+pub(crate) const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_secs(1);
+
 /// Settings shared by every clone of a retry layer (behind one `Arc`).
 #[derive(Clone)]
 pub(crate) struct Shared<C> {
@@ -23,6 +27,7 @@ pub(crate) struct Shared<C> {
     pub(crate) max_attempts: u8,
     pub(crate) attempt_timeout: Duration,
     pub(crate) max_retry_after: Duration,
+    pub(crate) min_attempt: Duration,
     pub(crate) backoff: Backoff,
     pub(crate) budget: Arc<dyn Budget + Send + Sync>,
     pub(crate) rng: Arc<dyn RandomSource>,
@@ -37,6 +42,7 @@ impl<C: std::fmt::Debug> std::fmt::Debug for Shared<C> {
             .field("max_attempts", &self.max_attempts)
             .field("attempt_timeout", &self.attempt_timeout)
             .field("max_retry_after", &self.max_retry_after)
+            .field("min_attempt", &self.min_attempt)
             .field("backoff", &self.backoff)
             .field("rng", &self.rng)
             .field("link", &self.link)
@@ -52,6 +58,7 @@ impl<C> Shared<C> {
             max_attempts: 3,
             attempt_timeout: Duration::from_secs(30),
             max_retry_after: Duration::from_secs(60),
+            min_attempt: DEFAULT_MIN_ATTEMPT,
             backoff: Backoff::seed_default(),
             budget: Arc::new(RetryBudget::seed_default()),
             rng: Arc::new(SplitMix64::from_entropy()),
@@ -178,20 +185,24 @@ impl<C> RetryPolicy<C> {
         if self.attempts >= shared.max_attempts {
             return self.stop(&call, RetryStop::AttemptsExhausted);
         }
-        // Retry-After wins over the schedule.
+        // Retry-After is a floor under the schedule, never a shortcut: a
+        // `Retry-After: 0` or a past date still waits out the backoff.
+        let backoff = shared
+            .backoff
+            .delay(u32::from(self.attempts - 1), shared.rng.next_fraction());
         let delay = match failed.retry_after {
             Some(wait) if wait > shared.max_retry_after => {
                 return self.stop(&call, RetryStop::RetryAfterTooLong);
             }
-            Some(wait) => wait,
-            None => shared
-                .backoff
-                .delay(u32::from(self.attempts - 1), shared.rng.next_fraction()),
+            Some(wait) => wait.max(backoff),
+            None => backoff,
         };
         if let Some(deadline) = call.deadline {
-            // Timers round up to the next millisecond: a wait must leave at
-            // least that much for the next attempt to start.
-            if delay + TIMER_GRANULARITY >= deadline.remaining() {
+            // The wait and then a useful attempt must fit; timers round up
+            // to the next millisecond, so a wait leaves at least that much.
+            let attempt = shared.min_attempt.min(shared.attempt_timeout);
+            let needed = delay + attempt.max(TIMER_GRANULARITY);
+            if needed > deadline.remaining() || delay + TIMER_GRANULARITY >= deadline.remaining() {
                 return self.stop(&call, RetryStop::PastDeadline);
             }
         }

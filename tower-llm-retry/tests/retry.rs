@@ -632,3 +632,158 @@ async fn the_policy_works_inside_towers_own_retry() {
         [AttemptStatus::RetriedAfter5xx, AttemptStatus::Succeeded]
     );
 }
+
+/// Seed 004: "no retry if backoff + next attempt cannot finish within
+/// remaining deadline". A 200 ms backoff fits in 1 s, a 200 ms wait plus
+/// the default 1 s minimum attempt does not: the failure comes back at
+/// once, for the fallback to use the time.
+#[tokio::test(start_paused = true)]
+async fn seed_004_no_retry_when_the_wait_and_a_useful_attempt_do_not_fit() {
+    let mock = Mock::new(&[fail(FailureClass::Transient, 503), Step::Ok]);
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(1)))
+        .layer(RetryLayer::new().with_rng(FixedFraction(0.5)))
+        .service(mock.chat());
+    let start = Instant::now();
+    let err = svc.oneshot(req()).await.expect_err("not retried");
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(mock.calls().len(), 1);
+    assert!(err.is_transient());
+    assert_eq!(err.attempts()[0].retry_stop, Some(RetryStop::PastDeadline));
+
+    // With a 1.2 s deadline, 200 ms + 1 s fits exactly: retried.
+    let mock = Mock::new(&[fail(FailureClass::Transient, 503), Step::Ok]);
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(MS(1_200)))
+        .layer(RetryLayer::new().with_rng(FixedFraction(0.5)))
+        .service(mock.chat());
+    svc.oneshot(req()).await.expect("retried");
+    assert_eq!(mock.gaps(), [MS(200)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_minimum_useful_attempt_is_configurable() {
+    // 200 ms + 500 ms fits in 1 s.
+    let mock = Mock::new(&[fail(FailureClass::Transient, 503), Step::Ok]);
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(1)))
+        .layer(
+            RetryLayer::new()
+                .with_rng(FixedFraction(0.5))
+                .with_min_attempt(MS(500)),
+        )
+        .service(mock.chat());
+    let res = svc.oneshot(req()).await.expect("retried");
+    assert_eq!(mock.gaps(), [MS(200)]);
+    assert_eq!(
+        statuses(&res.attempts),
+        [AttemptStatus::RetriedAfter5xx, AttemptStatus::Succeeded]
+    );
+    // Never more than the attempt timeout: a 300 ms attempt timeout makes
+    // 200 ms + 300 ms the test, which fits in 600 ms.
+    let mock = Mock::new(&[fail(FailureClass::Transient, 503), Step::Ok]);
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(MS(600)))
+        .layer(
+            RetryLayer::new()
+                .with_rng(FixedFraction(0.5))
+                .with_attempt_timeout(MS(300)),
+        )
+        .service(mock.chat());
+    svc.oneshot(req()).await.expect("retried");
+    assert_eq!(mock.calls().len(), 2);
+}
+
+/// Seed 000: Retry-After is a floor under the backoff, not a replacement:
+/// `Retry-After: 0` (or a date in the past) still waits the schedule, so a
+/// storm of zero hints cannot turn into back-to-back retries.
+#[tokio::test(start_paused = true)]
+async fn seed_000_retry_after_zero_still_waits_the_backoff() {
+    let zero = Step::Fail(FailureClass::RateLimited, Some(429), Some(Duration::ZERO));
+    let mock = Mock::new(&[zero]);
+    let start = Instant::now();
+    let err = stack(&mock, RetryLayer::new().with_rng(FixedFraction(0.5)))
+        .oneshot(req())
+        .await
+        .expect_err("three 429s");
+    assert!(err.is_rate_limited());
+    assert_eq!(mock.gaps(), [MS(200), MS(800)]);
+    assert_eq!(start.elapsed(), MS(1_000));
+
+    // A shorter hint than the backoff: the backoff; a longer one: the hint.
+    let short = Step::Fail(FailureClass::RateLimited, Some(429), Some(MS(50)));
+    let long = Step::Fail(FailureClass::RateLimited, Some(429), Some(MS(3_000)));
+    let mock = Mock::new(&[short, long, Step::Ok]);
+    stack(&mock, RetryLayer::new().with_rng(FixedFraction(0.5)))
+        .oneshot(req())
+        .await
+        .expect("third attempt");
+    assert_eq!(mock.gaps(), [MS(200), MS(3_000)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_date_in_the_past_waits_the_backoff() {
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let seen = calls.clone();
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(30)))
+        .layer(RetryLayer::http().with_rng(FixedFraction(0.5)))
+        .service(service_fn(move |_req: http::Request<()>| {
+            seen.lock().expect("lock").push(Instant::now());
+            async {
+                Ok::<_, Failure>(
+                    http::Response::builder()
+                        .status(503)
+                        .header("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")
+                        .body(())
+                        .expect("response"),
+                )
+            }
+        }));
+    let res = svc.oneshot(http::Request::new(())).await.expect("answer");
+    assert_eq!(res.status(), 503);
+    let calls = calls.lock().expect("lock").clone();
+    let gaps: Vec<_> = calls.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(gaps, [MS(200), MS(800)]);
+}
+
+/// Seed 004: a version/lock conflict needs a re-read, not the same request
+/// again: a 409 is tried once by default, and a policy can opt in.
+#[tokio::test(start_paused = true)]
+async fn seed_004_a_409_conflict_is_not_retried_unless_the_policy_says_so() {
+    let mock = Mock::new(&[fail(FailureClass::Transient, 409), Step::Ok]);
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(30)))
+        .layer(RetryLayer::http())
+        .service(mock.http());
+    let res = svc.oneshot(http::Request::new(())).await.expect("answer");
+    assert_eq!(res.status(), 409);
+    assert_eq!(mock.calls().len(), 1);
+    let attempts = &res.extensions().get::<Attempts>().expect("attempts").0;
+    assert_eq!(
+        attempts[0].outcome,
+        AttemptOutcome::Failed(FailureClass::Conflict)
+    );
+    assert_eq!(attempts[0].retry_stop, Some(RetryStop::NotRetryable));
+
+    let retry_conflicts = tower_llm_core::FailurePolicy::default().with(
+        FailureClass::Conflict,
+        tower_llm_core::Disposition {
+            retry: true,
+            trip_breaker: false,
+            failover: false,
+        },
+    );
+    let mock = Mock::new(&[fail(FailureClass::Transient, 409), Step::Ok]);
+    let svc = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(30)))
+        .layer(
+            RetryLayer::http()
+                .with_rng(FixedFraction(0.5))
+                .with_failure_policy(retry_conflicts),
+        )
+        .service(mock.http());
+    let res = svc.oneshot(http::Request::new(())).await.expect("answer");
+    assert_eq!(res.status(), 200);
+    assert_eq!(mock.gaps(), [MS(200)]);
+}
