@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
@@ -17,9 +18,10 @@ pin_project! {
     /// [`cancel`](Bounded::cancel), so that `inner`'s own drop logic sees
     /// the record. Dropping the `Bounded` cancels it too.
     ///
-    /// The timer is armed only on the first poll that finds `inner`
-    /// pending, so an answer that is ready at once never touches tokio's
-    /// timer. Polled again after it resolved, it resolves to `None`.
+    /// The timer is held inline (no allocation, as `tower-http`'s timeout
+    /// does) and armed only on the first poll that finds `inner` pending,
+    /// so an answer that is ready at once never touches tokio's timer.
+    /// Polled again after it resolved, it resolves to `None`.
     ///
     /// The deadline layer and the retry layer's per-attempt timeout are
     /// both built on it.
@@ -44,9 +46,9 @@ pin_project! {
     pub struct Bounded<F> {
         #[pin]
         inner: Option<F>,
-        // Boxed: armed only when `inner` is pending (a real network call),
-        // and the future stays small when it is not (an answer at once).
-        sleep: Option<Pin<Box<Sleep>>>,
+        // Armed only when `inner` is pending (a real network call).
+        #[pin]
+        sleep: Option<Sleep>,
         until: Instant,
         expired: bool,
     }
@@ -100,10 +102,12 @@ impl<F: Future> Future for Bounded<F> {
             this.inner.set(None);
             return Poll::Ready(Some(output));
         }
-        let sleep = this
-            .sleep
-            .get_or_insert_with(|| Box::pin(sleep_until(*this.until)));
-        ready!(sleep.as_mut().poll(cx));
+        if this.sleep.is_none() {
+            this.sleep.set(Some(sleep_until(*this.until)));
+        }
+        if let Some(sleep) = this.sleep.as_pin_mut() {
+            ready!(sleep.poll(cx));
+        }
         *this.expired = true;
         Poll::Ready(None)
     }
