@@ -58,6 +58,7 @@ use tower_llm_core::{
 use tower_service::Service;
 
 use crate::RequestBody;
+use crate::secret::Scrub;
 use crate::stream::{SseEvent, SseParser, StreamItem};
 use crate::transport::read_body;
 
@@ -210,34 +211,24 @@ pub(crate) trait Wire: Send + 'static {
 /// [`stream`](crate::stream).
 pub(crate) struct SseWire {
     parser: SseParser,
-    decode: fn(&SseEvent) -> Result<StreamItem, Failure>,
+    decode: fn(&SseEvent, &Scrub) -> Result<StreamItem, Failure>,
     failed: bool,
-    /// The key sent, removed from in-band error messages that echo it.
-    secret: Option<crate::ApiKey>,
+    /// The secrets sent, removed from in-band error messages that echo
+    /// them (before the message is bounded).
+    scrub: Scrub,
 }
 
 impl SseWire {
     pub(crate) fn new(
-        decode: fn(&SseEvent) -> Result<StreamItem, Failure>,
-        secret: Option<crate::ApiKey>,
+        decode: fn(&SseEvent, &Scrub) -> Result<StreamItem, Failure>,
+        scrub: Scrub,
     ) -> Self {
         SseWire {
             parser: SseParser::new(),
             decode,
             failed: false,
-            secret,
+            scrub,
         }
-    }
-}
-
-/// `failure` with `secret` removed from its message.
-fn scrub(failure: Failure, secret: &str) -> Failure {
-    match failure.message() {
-        Some(m) if secret.len() >= 4 && m.contains(secret) => {
-            let scrubbed = m.replace(secret, "[redacted]");
-            failure.with_message(scrubbed)
-        }
-        _ => failure,
     }
 }
 
@@ -248,22 +239,19 @@ impl Wire for SseWire {
         }
         let decode = self.decode;
         let mut failed = false;
-        let secret = self.secret.as_ref();
+        let scrub = &self.scrub;
         let parsed = self.parser.push_with(bytes, |event| {
             if failed {
                 return;
             }
-            match decode(&event) {
+            match decode(&event, scrub) {
                 Ok(StreamItem::Chunks(chunks)) => {
                     out.extend(chunks.into_iter().map(|c| Ok(StreamItem::Chunk(c))));
                 }
                 Ok(item) => out.push_back(Ok(item)),
                 Err(f) => {
                     failed = true;
-                    out.push_back(Err(match secret {
-                        Some(secret) => scrub(f, secret.expose()),
-                        None => f,
-                    }));
+                    out.push_back(Err(f));
                 }
             }
         });

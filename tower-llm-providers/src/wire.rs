@@ -119,6 +119,15 @@ fn partition(
     }
 }
 
+/// `{"role": role, "content": blocks}`, the blocks moved in (`json!`
+/// would copy them: it serialises its values by reference).
+pub(crate) fn turn(role: &str, blocks: Vec<Value>) -> Value {
+    let mut msg = serde_json::Map::new();
+    msg.insert("role".into(), Value::String(role.into()));
+    msg.insert("content".into(), Value::Array(blocks));
+    Value::Object(msg)
+}
+
 /// A header value holding a secret: marked sensitive, so `Debug` of the
 /// request and well-behaved tracing layers never print it.
 pub(crate) fn secret_header(provider: &'static str, value: &str) -> Result<HeaderValue, Failure> {
