@@ -317,6 +317,8 @@ where
 pub(crate) struct EventStreamWire {
     buf: bytes::BytesMut,
     stopped: bool,
+    /// `metadata` after `messageStop` came: the terminator was handed on.
+    done: bool,
     failed: bool,
     /// The credentials sent, removed from exception messages that echo
     /// them.
@@ -328,6 +330,7 @@ impl EventStreamWire {
         EventStreamWire {
             buf: bytes::BytesMut::new(),
             stopped: false,
+            done: false,
             failed: false,
             scrub,
         }
@@ -343,7 +346,7 @@ impl crate::streaming::Wire for EventStreamWire {
         bytes: &[u8],
         out: &mut std::collections::VecDeque<Result<StreamItem, Failure>>,
     ) {
-        if self.failed {
+        if self.failed || self.done {
             return;
         }
         self.buf.extend_from_slice(bytes);
@@ -363,6 +366,7 @@ impl crate::streaming::Wire for EventStreamWire {
                 return;
             }
             let frame = self.buf.split_to(total).freeze();
+            let mut last = false;
             let item = aws_smithy_eventstream::frame::read_message_from(frame)
                 .map_err(|e| invalid(PROVIDER, format!("event-stream message: {e}")))
                 .and_then(|message| {
@@ -375,10 +379,14 @@ impl crate::streaming::Wire for EventStreamWire {
                             .map(|v| v.as_str().to_owned())
                     };
                     match header(":message-type").as_deref() {
-                        Some("event") => event(
-                            header(":event-type").as_deref().unwrap_or_default(),
-                            message.payload(),
-                        ),
+                        Some("event") => {
+                            let kind = header(":event-type");
+                            let kind = kind.as_deref().unwrap_or_default();
+                            // `metadata` (the usage) follows `messageStop`:
+                            // the stream's last message.
+                            last = self.stopped && kind == "metadata";
+                            event(kind, message.payload())
+                        }
                         Some("exception") => Err(exception(
                             header(":exception-type").as_deref().unwrap_or_default(),
                             message.payload(),
@@ -403,13 +411,20 @@ impl crate::streaming::Wire for EventStreamWire {
             if self.failed {
                 return;
             }
+            if last {
+                // The terminator: the stream ends here, whether or not the
+                // upstream closes the body now.
+                out.push_back(Ok(StreamItem::Done));
+                self.done = true;
+                return;
+            }
         }
     }
 
     fn ended_cleanly(&mut self) -> bool {
-        // `metadata` (the usage) follows `messageStop`: the end of the body
-        // after `messageStop` is the terminator.
-        self.stopped && self.buf.is_empty()
+        // Without a `metadata` after it, the end of the body after
+        // `messageStop` is the terminator.
+        !self.done && self.stopped && self.buf.is_empty()
     }
 }
 
