@@ -12,12 +12,14 @@ use tower_llm::breaker::{BreakerKey, CircuitState};
 use tower_llm::prelude::*;
 use tower_llm::providers::https::{HttpsClient, client_with_connect_timeout};
 use tower_llm::providers::{
-    Anthropic, AnthropicConfig, ApiKey, OpenAi, OpenAiConfig, StreamSource, Streaming,
+    Anthropic, AnthropicConfig, ApiKey, AwsCredentials, Bedrock, BedrockConfig, OpenAi,
+    OpenAiConfig, StreamSource, Streaming,
 };
 use tower_llm::retry::FixedFraction;
 use tower_llm::{ChatChunk, ChatStream};
 use tower_llm_providers::mock::{
-    MockServer, Recorded, Reply, Step, anthropic_stream_steps, openai_stream_steps,
+    MockServer, Recorded, Reply, Step, anthropic_stream_steps, bedrock_stream_steps,
+    openai_stream_steps,
 };
 
 fn req(prompt: &str) -> ChatRequest {
@@ -378,19 +380,95 @@ async fn the_breaker_counts_failures_before_the_commit_only() {
 
 #[tokio::test(start_paused = true)]
 async fn a_finished_stream_gives_its_connection_back_to_the_pool() {
+    // The chunked body's end comes 50 ms after [DONE]. The stream ends at
+    // [DONE] (the caller does not wait for the rest), the rest is read in
+    // the background, and the connection is back in the pool once it has
+    // been: the next call, 100 ms later, reuses it. (A call made before
+    // the background read finishes opens a new connection: hyper-util's
+    // pool races a new connect against the checkout.)
     let mut steps = openai_stream_steps(&["a"], true);
-    // The chunked body's end arrives after [DONE].
     steps.push(Step::Pause(Duration::from_millis(50)));
     let server = MockServer::start(Reply::sse_steps(steps))
         .await
         .expect("server");
     let svc = openai(&server);
     for _ in 0..3 {
-        let (text, end) = drain(svc.clone().oneshot(req("hi")).await.expect("commits")).await;
+        let stream = svc.clone().oneshot(req("hi")).await.expect("commits");
+        let started = Instant::now();
+        let (text, end) = drain(stream).await;
+        assert_eq!(started.elapsed(), Duration::ZERO, "ends at [DONE]");
         assert_eq!(text, "a");
         assert!(end.is_none());
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(server.received().len(), 3);
     assert_eq!(server.connections(), 1, "one kept-alive connection");
     assert_eq!(server.aborted_streams(), 0);
+}
+
+/// `steps` (a complete stream) with a 1 s pause before its last message
+/// (the terminator), after which the upstream holds the body open.
+fn lingering(mut steps: Vec<Step>) -> Reply {
+    let terminator = steps.pop().expect("a terminator");
+    steps.push(Step::Pause(Duration::from_secs(1)));
+    steps.push(terminator);
+    steps.push(Step::Stall);
+    Reply::sse_steps(steps)
+}
+
+/// Reads a committed stream to its end; the time from the commit point to
+/// the end, which must be clean.
+async fn time_to_end(stream: ChatStream) -> Duration {
+    let started = Instant::now();
+    let (text, end) = drain(stream).await;
+    assert_eq!(text, "ab");
+    assert!(end.is_none(), "a clean end: {end:?}");
+    started.elapsed()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_stream_ends_at_the_terminator_while_the_upstream_lingers() {
+    // Each upstream sends its terminator 1 s after the commit point and
+    // then holds the body open: the consumer sees the end at once, not
+    // after the idle timeout (30 s).
+    let within = |elapsed: Duration| {
+        assert!(
+            elapsed >= Duration::from_secs(1) && elapsed < Duration::from_millis(1_100),
+            "the end came {elapsed:?} after the commit point"
+        );
+    };
+
+    let server = MockServer::start(lingering(openai_stream_steps(&["a", "b"], true)))
+        .await
+        .expect("server");
+    within(time_to_end(openai(&server).oneshot(req("hi")).await.expect("commits")).await);
+
+    let server = MockServer::start(lingering(anthropic_stream_steps(&["a", "b"], true)))
+        .await
+        .expect("server");
+    within(
+        time_to_end(
+            anthropic(&server)
+                .oneshot(req("hi"))
+                .await
+                .expect("commits"),
+        )
+        .await,
+    );
+
+    // Bedrock: `metadata` after `messageStop` is the last message.
+    let Reply::Stream { steps, .. } = lingering(bedrock_stream_steps(&["a", "b"], true)) else {
+        unreachable!("a stream")
+    };
+    let server = MockServer::start(Reply::stream("application/vnd.amazon.eventstream", steps))
+        .await
+        .expect("server");
+    let bedrock = Bedrock::new(
+        client(),
+        BedrockConfig::new(AwsCredentials::new("AKIDEXAMPLE", "secret"), "us-east-1")
+            .with_endpoint(&server.url()),
+    )
+    .streaming();
+    let stream = bedrock.oneshot(req("hi")).await.expect("commits");
+    within(time_to_end(stream).await);
 }

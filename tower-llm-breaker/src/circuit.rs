@@ -69,7 +69,10 @@ pub enum TransitionReason {
     ConsecutiveFailures,
     /// The failure-ratio trigger.
     FailureRatio,
-    /// A 429 with `Retry-After`: held open for that long.
+    /// A 429 with `Retry-After` used to open the circuit for that long. No
+    /// longer produced: a rate-limit hold is not a state change (see
+    /// [`BreakerConfig::min_rate_limit_hold`](crate::BreakerConfig::min_rate_limit_hold));
+    /// kept so that code matching on it still compiles.
     RateLimited,
     /// The cooldown ended: probing.
     CooldownElapsed,
@@ -128,7 +131,9 @@ pub struct CircuitSnapshot {
     pub state: CircuitState,
     /// Tripping failures in a row (closed state).
     pub consecutive_failures: u32,
-    /// For an open circuit: time left until it probes.
+    /// Time left until the circuit admits calls again: the rest of an
+    /// open circuit's cooldown, or of a rate-limit hold (in any state), the
+    /// later of the two; `None` when nothing holds it.
     pub retry_after: Option<Duration>,
     /// Consecutive re-opens (for cooldown growth).
     pub reopens: u32,
@@ -141,8 +146,12 @@ pub struct CircuitSnapshot {
 pub(crate) enum Verdict {
     /// Success: closes a half-open circuit, resets the failure count.
     Success,
-    /// A tripping failure; `hold` is a 429's `Retry-After`.
-    Failure { hold: Option<Duration> },
+    /// A tripping failure.
+    Failure,
+    /// A 429 whose `Retry-After` (already capped, at least the threshold)
+    /// holds the key: new attempts wait until it ends, nothing is counted
+    /// and the state does not change.
+    Hold(Duration),
     /// Neither (client errors, cancellation, deadline): changes nothing.
     Neutral,
 }
@@ -174,6 +183,10 @@ pub struct Circuit {
     open_until: AtomicU64,
     /// Nanoseconds after `origin` of the latest tripping failure.
     last_failure: AtomicU64,
+    /// Nanoseconds after `origin` until which a rate-limit hold refuses new
+    /// attempts (0: none). Independent of the state: when it ends, the
+    /// circuit is as it was (a closed one admits everyone).
+    held_until: AtomicU64,
     slow: Mutex<Slow>,
     /// Set when the store forgets the circuit: a service holding a weak
     /// reference to it asks the store again.
@@ -244,6 +257,7 @@ impl Circuit {
             consecutive: AtomicU32::new(0),
             open_until: AtomicU64::new(0),
             last_failure: AtomicU64::new(0),
+            held_until: AtomicU64::new(0),
             slow: Mutex::new(Slow::default()),
             retired: AtomicBool::new(false),
         }
@@ -273,11 +287,14 @@ impl Circuit {
     /// `true` when forgetting this circuit loses nothing that matters:
     /// closed with no failure counted, or with its last failure at least
     /// `stale` ago; or open, with its cooldown over for at least `stale`
-    /// (nobody came back to probe it). Half-open and isolated circuits are
-    /// never idle.
+    /// (nobody came back to probe it). Half-open and isolated circuits, and
+    /// a circuit under a rate-limit hold, are never idle.
     pub fn is_idle(&self, stale: Duration) -> bool {
         let now = self.to_nanos(Instant::now());
         let stale = u64::try_from(stale.as_nanos()).unwrap_or(u64::MAX);
+        if now < self.held_until.load(Ordering::Acquire) {
+            return false;
+        }
         match self.state.load(Ordering::Acquire) {
             CLOSED => {
                 self.consecutive.load(Ordering::Relaxed) == 0
@@ -306,13 +323,38 @@ impl Circuit {
             .unwrap_or(self.origin)
     }
 
+    /// The rest of a rate-limit hold, if one is on.
+    fn held_for(&self, now: Instant) -> Option<Duration> {
+        let nanos = self.held_until.load(Ordering::Acquire);
+        if nanos == 0 {
+            return None;
+        }
+        let until = self.origin.checked_add(Duration::from_nanos(nanos))?;
+        (now < until).then(|| until - now)
+    }
+
+    /// Holds new attempts until `hold` from now (only ever extends).
+    fn hold(&self, hold: Duration) {
+        let until = self.to_nanos(
+            Instant::now()
+                .checked_add(hold)
+                .unwrap_or_else(Instant::now),
+        );
+        self.held_until.fetch_max(until, Ordering::AcqRel);
+    }
+
     /// A point-in-time view.
     pub fn snapshot(&self) -> CircuitSnapshot {
         let slow = self.lock();
         let state = self.state();
-        let retry_after = match state {
-            CircuitState::Open => Some(self.open_until().saturating_duration_since(Instant::now())),
+        let now = Instant::now();
+        let open = match state {
+            CircuitState::Open => Some(self.open_until().saturating_duration_since(now)),
             _ => None,
+        };
+        let retry_after = match (open, self.held_for(now)) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
         };
         CircuitSnapshot {
             key: self.key.clone(),
@@ -324,17 +366,32 @@ impl Circuit {
         }
     }
 
-    /// Lets a call through or refuses it (with the rest of the cooldown,
-    /// when known). May move an open circuit whose cooldown ended to
-    /// half-open.
+    /// Lets a call through or refuses it (with the rest of the cooldown or
+    /// of a rate-limit hold, when known). May move an open circuit whose
+    /// cooldown ended to half-open.
     pub(crate) fn admit(
         &self,
         cfg: &BreakerConfig,
     ) -> (Result<Admission, Option<Duration>>, Option<Transition>) {
         let generation = self.generation.load(Ordering::Acquire);
-        match self.state.load(Ordering::Acquire) {
+        let state = self.state.load(Ordering::Acquire);
+        if state == ISOLATED {
+            return (Err(None), None);
+        }
+        // A rate-limit hold: no new attempt until it ends, whatever the
+        // state (one atomic load when there is none).
+        if self.held_until.load(Ordering::Acquire) != 0 {
+            let now = Instant::now();
+            if let Some(held) = self.held_for(now) {
+                let open = match state {
+                    OPEN => self.open_until().saturating_duration_since(now),
+                    _ => Duration::ZERO,
+                };
+                return (Err(Some(held.max(open))), None);
+            }
+        }
+        match state {
             CLOSED => return (Ok(Admission::Normal { generation }), None),
-            ISOLATED => return (Err(None), None),
             OPEN => {
                 let until = self.open_until();
                 let now = Instant::now();
@@ -403,25 +460,17 @@ impl Circuit {
         verdict: Verdict,
         cfg: &BreakerConfig,
     ) -> Option<Transition> {
-        if self.generation.load(Ordering::Acquire) != generation {
-            // A call admitted before a trip: its outcome no longer counts,
-            // but a 429's hold may still lengthen the open state.
-            if let Verdict::Failure { hold: Some(h) } = verdict {
-                if cfg.rate_limit_hold && self.state.load(Ordering::Acquire) == OPEN {
-                    let mut slow = self.lock();
-                    let hold = h.min(cfg.max_rate_limit_hold);
-                    return self.set_open(
-                        &mut slow,
-                        Instant::now(),
-                        hold,
-                        TransitionReason::RateLimited,
-                    );
-                }
-            }
+        if let Verdict::Hold(h) = verdict {
+            // Whatever the generation: the provider asked us to wait.
+            self.hold(h);
             return None;
         }
-        let hold = match verdict {
-            Verdict::Neutral => return None,
+        if self.generation.load(Ordering::Acquire) != generation {
+            // A call admitted before a trip: its outcome no longer counts.
+            return None;
+        }
+        match verdict {
+            Verdict::Neutral | Verdict::Hold(_) => return None,
             Verdict::Success => {
                 if self.consecutive.load(Ordering::Relaxed) != 0 {
                     self.consecutive.store(0, Ordering::Relaxed);
@@ -432,10 +481,8 @@ impl Circuit {
                 }
                 return None;
             }
-            Verdict::Failure { hold } => hold
-                .filter(|_| cfg.rate_limit_hold)
-                .map(|h| h.min(cfg.max_rate_limit_hold)),
-        };
+            Verdict::Failure => {}
+        }
         self.last_failure
             .store(self.to_nanos(Instant::now()), Ordering::Relaxed);
         let n = self
@@ -453,7 +500,7 @@ impl Circuit {
             }
             None => false,
         };
-        if !(by_count || by_ratio || hold.is_some()) {
+        if !(by_count || by_ratio) {
             return None;
         }
         let mut slow = match slow {
@@ -464,22 +511,12 @@ impl Circuit {
             return None;
         }
         let now = Instant::now();
-        let (mut open_for, reason) = if by_count {
-            (
-                cfg.cooldown_after(slow.reopens),
-                TransitionReason::ConsecutiveFailures,
-            )
-        } else if by_ratio {
-            (
-                cfg.cooldown_after(slow.reopens),
-                TransitionReason::FailureRatio,
-            )
+        let reason = if by_count {
+            TransitionReason::ConsecutiveFailures
         } else {
-            (Duration::ZERO, TransitionReason::RateLimited)
+            TransitionReason::FailureRatio
         };
-        if let Some(h) = hold {
-            open_for = open_for.max(h);
-        }
+        let open_for = cfg.cooldown_after(slow.reopens);
         self.set_open(&mut slow, now, open_for, reason)
     }
 
@@ -490,6 +527,13 @@ impl Circuit {
         verdict: Verdict,
         cfg: &BreakerConfig,
     ) -> Option<Transition> {
+        if let Verdict::Hold(h) = verdict {
+            // Held, not failed: the slot is freed and the circuit stays
+            // half-open; the next probe comes after the hold.
+            self.hold(h);
+            self.release(Admission::Probe { generation, epoch });
+            return None;
+        }
         let mut slow = self.lock();
         if self.generation.load(Ordering::Acquire) != generation
             || self.state.load(Ordering::Acquire) != HALF_OPEN
@@ -500,7 +544,7 @@ impl Circuit {
         slow.probes_in_flight = slow.probes_in_flight.saturating_sub(1);
         let now = Instant::now();
         match verdict {
-            Verdict::Neutral => None,
+            Verdict::Neutral | Verdict::Hold(_) => None,
             Verdict::Success => {
                 slow.probe_successes += 1;
                 if slow.probe_successes >= cfg.half_open_probes.max(1) {
@@ -509,12 +553,9 @@ impl Circuit {
                     None
                 }
             }
-            Verdict::Failure { hold } => {
+            Verdict::Failure => {
                 slow.reopens = slow.reopens.saturating_add(1);
-                let mut open_for = cfg.cooldown_after(slow.reopens);
-                if let Some(h) = hold.filter(|_| cfg.rate_limit_hold) {
-                    open_for = open_for.max(h.min(cfg.max_rate_limit_hold));
-                }
+                let open_for = cfg.cooldown_after(slow.reopens);
                 self.set_open(&mut slow, now, open_for, TransitionReason::ProbeFailed)
             }
         }
@@ -565,9 +606,10 @@ impl Circuit {
         }
     }
 
-    /// Closes by hand and forgets all counts.
+    /// Closes by hand and forgets all counts (and any rate-limit hold).
     pub(crate) fn close(&self) -> Option<Transition> {
         let mut slow = self.lock();
+        self.held_until.store(0, Ordering::Release);
         if self.state() == CircuitState::Closed {
             self.consecutive.store(0, Ordering::Relaxed);
             slow.window = Window::default();

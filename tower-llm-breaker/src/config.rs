@@ -85,9 +85,23 @@ pub struct BreakerConfig {
     /// Probes admitted in half-open, and successes needed to close
     /// (default 1).
     pub half_open_probes: u32,
-    /// Hold a key open for a 429's `Retry-After` (default on).
+    /// Hold a key for a 429's `Retry-After` (default on): new attempts on
+    /// the key are refused (circuit open, with the rest of the hold as
+    /// `retry_after`) until the hold ends, then everyone is let through
+    /// again. A hold is not a state change: a closed circuit stays closed
+    /// (no half-open probing after it), and a held 429 does not count as a
+    /// failure toward opening.
     pub rate_limit_hold: bool,
-    /// The longest such hold (default 5 min).
+    /// Holds shorter than this are no hold at all (default 1 s): the retry
+    /// layer's wait handles them, and the 429 counts as an ordinary
+    /// rate-limited failure, as one without `Retry-After` does.
+    #[serde(
+        rename = "min_rate_limit_hold_ms",
+        with = "tower_llm_core::serde_millis"
+    )]
+    pub min_rate_limit_hold: Duration,
+    /// The longest hold (default 5 min): a longer `Retry-After` holds this
+    /// long.
     #[serde(
         rename = "max_rate_limit_hold_ms",
         with = "tower_llm_core::serde_millis"
@@ -110,6 +124,7 @@ impl Default for BreakerConfig {
             max_cooldown: Duration::from_secs(300),
             half_open_probes: 1,
             rate_limit_hold: true,
+            min_rate_limit_hold: Duration::from_secs(1),
             max_rate_limit_hold: Duration::from_secs(300),
             count: BreakerCount::Attempts,
         }
@@ -130,13 +145,33 @@ impl BreakerConfig {
         Duration::try_from_secs_f64(secs).map_or(max, |d| d.min(max))
     }
 
+    /// The hold a 429 with `retry_after` puts on its key: none when holds
+    /// are off, without a `Retry-After`, or below
+    /// [`min_rate_limit_hold`](Self::min_rate_limit_hold); capped at
+    /// [`max_rate_limit_hold`](Self::max_rate_limit_hold).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_llm_breaker::BreakerConfig;
+    ///
+    /// let cfg = BreakerConfig::default();
+    /// assert_eq!(cfg.hold_for(Some(Duration::from_millis(50))), None); // the retry layer waits
+    /// assert_eq!(cfg.hold_for(Some(Duration::from_secs(5))), Some(Duration::from_secs(5)));
+    /// assert_eq!(cfg.hold_for(Some(Duration::from_secs(900))), Some(Duration::from_secs(300)));
+    /// ```
+    pub fn hold_for(&self, retry_after: Option<Duration>) -> Option<Duration> {
+        retry_after
+            .filter(|h| self.rate_limit_hold && *h >= self.min_rate_limit_hold)
+            .map(|h| h.min(self.max_rate_limit_hold))
+    }
+
     /// Checks the settings.
     ///
     /// # Errors
     ///
     /// A message naming the first bad field: a zero cooldown, zero probes,
     /// a growth that is NaN or below 1, a ratio outside `(0, 1]`, a zero
-    /// window.
+    /// window, a minimum rate-limit hold above the maximum.
     pub fn validate(&self) -> Result<(), String> {
         if self.cooldown.is_zero() {
             return Err("cooldown_ms must be above zero".into());
@@ -146,6 +181,9 @@ impl BreakerConfig {
         }
         if !self.cooldown_growth.is_finite() || self.cooldown_growth < 1.0 {
             return Err("cooldown_growth must be a finite number >= 1".into());
+        }
+        if self.min_rate_limit_hold > self.max_rate_limit_hold {
+            return Err("min_rate_limit_hold_ms must not be above max_rate_limit_hold_ms".into());
         }
         if let Some(r) = self.failure_ratio {
             if !(r.ratio > 0.0 && r.ratio <= 1.0) {
@@ -217,6 +255,10 @@ mod tests {
             }))
             .contains("ratio")
         );
+        assert!(
+            bad(|c| c.min_rate_limit_hold = Duration::from_secs(301))
+                .contains("min_rate_limit_hold_ms")
+        );
         assert!(BreakerConfig::default().validate().is_ok());
     }
 
@@ -229,6 +271,7 @@ mod tests {
         let json = serde_json::to_value(cfg).expect("json");
         assert_eq!(json["slow_call_ms"], 1500);
         assert_eq!(json["cooldown_ms"], 30000);
+        assert_eq!(json["min_rate_limit_hold_ms"], 1000);
         let back: BreakerConfig = serde_json::from_value(json).expect("back");
         assert_eq!(back, cfg);
         assert!(serde_json::from_str::<BreakerConfig>(r#"{"cooldown": 5}"#).is_err());

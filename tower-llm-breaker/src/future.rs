@@ -105,20 +105,20 @@ impl<C> Guard<C> {
                     _ => false,
                 };
                 if slow {
-                    Verdict::Failure { hold: None }
+                    Verdict::Failure
                 } else {
                     Verdict::Success
                 }
             }
             Outcome::Failure(c) => {
                 if self.failures.get(c.class).trip_breaker {
-                    // `Retry-After: 0` (or a past date) asks for no
-                    // wait: it holds nothing open.
-                    let hold = match c.class {
-                        FailureClass::RateLimited => c.retry_after.filter(|d| !d.is_zero()),
-                        _ => None,
-                    };
-                    Verdict::Failure { hold }
+                    match c.class {
+                        FailureClass::RateLimited => match self.config.hold_for(c.retry_after) {
+                            Some(hold) => Verdict::Hold(hold),
+                            None => Verdict::Failure,
+                        },
+                        _ => Verdict::Failure,
+                    }
                 } else {
                     Verdict::Neutral
                 }
@@ -164,11 +164,9 @@ impl<C> Drop for Guard<C> {
                 && !self.counted_before()
         });
         if timed_out {
-            let transition = self.circuit.record(
-                self.admission,
-                Verdict::Failure { hold: None },
-                &self.config,
-            );
+            let transition = self
+                .circuit
+                .record(self.admission, Verdict::Failure, &self.config);
             crate::layer::announce(self.observer.as_ref(), transition.as_ref());
         } else {
             self.circuit.release(self.admission);

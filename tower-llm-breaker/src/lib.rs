@@ -67,9 +67,16 @@
 //! 401/403, 404, context window, content filtered), cancellation, deadline
 //! exceeded, or another breaker's refusal: they neither trip nor reset it.
 //!
-//! A 429 with `Retry-After` holds its key open for that long (capped, on by
-//! default), so traffic goes to the fallback instead of a provider that
-//! asked us to wait. `Retry-After: 0` (or a date in the past) holds nothing.
+//! A 429 with a `Retry-After` of at least `min_rate_limit_hold` (1 s by
+//! default) holds its key for that long (capped at 5 min; on by default):
+//! new attempts on the key are refused with *circuit open* until the hold
+//! ends, so traffic goes to the fallback instead of a provider that asked
+//! us to wait; then everyone is let through again. A hold is not a state
+//! change: a healthy (closed) key never becomes a one-probe-at-a-time key
+//! because of it, and a held 429 does not count toward opening. A shorter
+//! `Retry-After` (`0` or a past date included) is the retry layer's business
+//! alone (it waits at least its backoff before its next attempt); such a 429
+//! counts as an ordinary rate-limited failure.
 //!
 //! # Keys
 //!

@@ -6,12 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::StatusCode;
-use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt, service_fn};
 use tower_llm_breaker::{
     BreakerConfig, BreakerHandle, BreakerKey, BreakerLayer, CircuitState, RatioTrigger, Transition,
-    TransitionReason,
 };
 use tower_llm_core::{ChatRequest, ChatResponse, Failure, FailureClass, Link, Message, Usage};
 
@@ -515,58 +513,83 @@ async fn the_failure_ratio_forgets_calls_outside_its_window() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_429_retry_after_holds_the_key_open_then_probes() {
-    let provider = Provider::new(Answer::RateLimited(20));
+async fn a_long_429_hold_refuses_new_attempts_then_admits_every_caller() {
+    // One tripping failure would open the circuit; a held 429 must not.
+    let provider = Provider::new(Answer::RateLimited(5));
     let transitions = Arc::new(Mutex::new(Vec::<Transition>::new()));
     let seen = transitions.clone();
-    let layer =
-        BreakerLayer::new().on_transition(move |t| seen.lock().expect("lock").push(t.clone()));
+    let layer = BreakerLayer::new()
+        .with_config(BreakerConfig {
+            consecutive_failures: 1,
+            ..BreakerConfig::default()
+        })
+        .expect("valid config")
+        .on_transition(move |t| seen.lock().expect("lock").push(t.clone()));
     let handle = layer.handle();
     let svc = layer.layer(provider.service());
-    let start = Instant::now();
 
-    assert!(
-        svc.clone()
-            .oneshot(req())
-            .await
-            .expect_err("429")
-            .is_rate_limited()
-    );
-    assert_eq!(state(&handle, &key()), CircuitState::Open);
-    tokio::time::advance(Duration::from_millis(19_999)).await;
+    let err = svc.clone().oneshot(req()).await.expect_err("429");
+    assert!(err.is_rate_limited());
+    let snap = handle.get(&key()).expect("circuit");
+    assert_eq!(snap.state, CircuitState::Closed);
+    assert_eq!(snap.consecutive_failures, 0);
+    assert_eq!(snap.retry_after, Some(Duration::from_secs(5)));
+
+    // Until the hold ends, new attempts are refused; the provider is not
+    // called.
+    provider.set(Answer::HangThen(1_000, true));
+    tokio::time::advance(Duration::from_millis(4_999)).await;
     let err = svc.clone().oneshot(req()).await.expect_err("held");
     assert!(err.is_circuit_open());
     assert_eq!(err.retry_after(), Some(Duration::from_millis(1)));
-    tokio::time::advance(Duration::from_millis(1)).await;
-    provider.set(Answer::Ok);
-    svc.clone().oneshot(req()).await.expect("probe");
-    assert_eq!(provider.calls(), 2);
+    assert_eq!(provider.calls(), 1);
 
-    let t = transitions.lock().expect("lock").clone();
-    let steps: Vec<_> = t.iter().map(|t| (t.from, t.to, t.reason)).collect();
-    assert_eq!(
-        steps,
-        [
-            (
-                CircuitState::Closed,
-                CircuitState::Open,
-                TransitionReason::RateLimited
-            ),
-            (
-                CircuitState::Open,
-                CircuitState::HalfOpen,
-                TransitionReason::CooldownElapsed
-            ),
-            (
-                CircuitState::HalfOpen,
-                CircuitState::Closed,
-                TransitionReason::ProbesSucceeded
-            ),
-        ]
+    // Then every concurrent caller is let through, not one probe.
+    tokio::time::advance(Duration::from_millis(1)).await;
+    let calls: Vec<_> = (0..9)
+        .map(|_| tokio::spawn(svc.clone().oneshot(req())))
+        .collect();
+    for call in calls {
+        call.await.expect("task").expect("admitted and answered");
+    }
+    assert_eq!(provider.calls(), 10);
+    assert_eq!(state(&handle, &key()), CircuitState::Closed);
+    assert!(
+        transitions.lock().expect("lock").is_empty(),
+        "a hold is no state change"
     );
-    assert_eq!(t[0].open_for, Some(Duration::from_secs(20)));
-    assert_eq!(t[0].at, start);
-    assert_eq!(t[1].at, start + Duration::from_secs(20));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_short_429_hold_is_no_hold_and_counts_as_an_ordinary_failure() {
+    // 500 ms < the 1 s threshold: the retry layer's wait handles it.
+    let provider = Provider::new(Answer::Status(429));
+    let (layer, handle) = breaker(BreakerConfig {
+        consecutive_failures: 2,
+        ..BreakerConfig::default()
+    });
+    let svc = BoxCloneService::new(layer.layer(service_fn({
+        let calls = provider.calls.clone();
+        move |_req: ChatRequest| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Err::<ChatResponse, _>(
+                    Failure::new(FailureClass::RateLimited)
+                        .with_status(StatusCode::TOO_MANY_REQUESTS)
+                        .with_retry_after(Duration::from_millis(500)),
+                )
+            }
+        }
+    })));
+    let _ = svc.clone().oneshot(req()).await;
+    let snap = handle.get(&key()).expect("circuit");
+    assert_eq!((snap.state, snap.retry_after), (CircuitState::Closed, None));
+    assert_eq!(snap.consecutive_failures, 1);
+    // The next attempt is admitted at once; a second 429 in a row opens
+    // the circuit like any two tripping failures.
+    let _ = svc.clone().oneshot(req()).await;
+    assert_eq!(provider.calls(), 2);
+    assert_eq!(state(&handle, &key()), CircuitState::Open);
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,6 +1,8 @@
 //! [`ChatStream`]: a streamed chat answer, as the streaming provider
 //! services return it.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -136,60 +138,11 @@ impl ChatStream {
     /// The stream's terminal error, if it ends with one.
     pub async fn collect_response(mut self) -> Result<ChatResponse, Failure> {
         let started = tokio::time::Instant::now();
-        let mut choices: Vec<Choice> = Vec::new();
-        // Per choice, the tool-call index of each call, in order.
-        let mut call_ids: Vec<Vec<u32>> = Vec::new();
-        let mut usage = Usage::default();
+        let mut joined = Joined::default();
         while let Some(item) = std::future::poll_fn(|cx| Pin::new(&mut self).poll_next(cx)).await {
-            let chunk = item?;
-            let at = match choices.iter().position(|c| c.index == chunk.index) {
-                Some(at) => at,
-                None => {
-                    choices.push(Choice {
-                        index: chunk.index,
-                        text: String::new(),
-                        tool_calls: Vec::new(),
-                        finish_reason: FinishReason::Other,
-                    });
-                    call_ids.push(Vec::new());
-                    choices.len() - 1
-                }
-            };
-            let choice = &mut choices[at];
-            if let Some(text) = &chunk.text {
-                choice.text.push_str(text);
-            }
-            if let Some(delta) = chunk.tool_call {
-                // Fragments join the call with their index.
-                let ids = &mut call_ids[at];
-                match ids.iter().position(|&i| i == delta.index) {
-                    Some(k) => {
-                        let call = &mut choice.tool_calls[k];
-                        if call.id.is_empty() {
-                            call.id = delta.id.unwrap_or_default();
-                        }
-                        if call.name.is_empty() {
-                            call.name = delta.name.unwrap_or_default();
-                        }
-                        call.arguments.push_str(&delta.arguments);
-                    }
-                    None => {
-                        ids.push(delta.index);
-                        choice.tool_calls.push(ToolCall {
-                            id: delta.id.unwrap_or_default(),
-                            name: delta.name.unwrap_or_default(),
-                            arguments: delta.arguments,
-                        });
-                    }
-                }
-            }
-            if let Some(reason) = chunk.finish_reason {
-                choice.finish_reason = reason;
-            }
-            if let Some(u) = chunk.usage {
-                merge_usage(&mut usage, u);
-            }
+            joined.push(item?);
         }
+        let Joined { choices, usage, .. } = joined;
         Ok(ChatResponse {
             id: String::new(),
             model: self.model.clone(),
@@ -201,6 +154,91 @@ impl ChatStream {
             latency: self.time_to_first_chunk + started.elapsed(),
             attempts: std::mem::take(&mut self.attempts),
         })
+    }
+}
+
+/// The chunks of a stream joined into choices: text per choice, tool-call
+/// fragments by their index, the last finish reason, the usage.
+///
+/// Both lookups (a chunk's choice, a fragment's call) go through an index
+/// map, so joining is linear in the number of chunks whatever indices the
+/// provider sends (a linear search per fragment was O(fragments × calls)).
+#[derive(Default)]
+struct Joined {
+    choices: Vec<Choice>,
+    /// Choice index → position in `choices`.
+    choice_at: Slots,
+    /// Per choice (same positions), call index → position in its calls.
+    call_at: Vec<Slots>,
+    usage: Usage,
+}
+
+impl Joined {
+    fn push(&mut self, chunk: ChatChunk) {
+        let (at, new) = self.choice_at.find_or_add(chunk.index, self.choices.len());
+        if new {
+            self.choices.push(Choice {
+                index: chunk.index,
+                text: String::new(),
+                tool_calls: Vec::new(),
+                finish_reason: FinishReason::Other,
+            });
+            self.call_at.push(Slots::default());
+        }
+        let choice = &mut self.choices[at];
+        if let Some(text) = &chunk.text {
+            choice.text.push_str(text);
+        }
+        if let Some(delta) = chunk.tool_call {
+            // Fragments join the call with their index.
+            let (k, new) = self.call_at[at].find_or_add(delta.index, choice.tool_calls.len());
+            if new {
+                choice.tool_calls.push(ToolCall {
+                    id: delta.id.unwrap_or_default(),
+                    name: delta.name.unwrap_or_default(),
+                    arguments: delta.arguments,
+                });
+            } else {
+                let call = &mut choice.tool_calls[k];
+                if call.id.is_empty() {
+                    call.id = delta.id.unwrap_or_default();
+                }
+                if call.name.is_empty() {
+                    call.name = delta.name.unwrap_or_default();
+                }
+                call.arguments.push_str(&delta.arguments);
+            }
+        }
+        if let Some(reason) = chunk.finish_reason {
+            choice.finish_reason = reason;
+        }
+        if let Some(u) = chunk.usage {
+            merge_usage(&mut self.usage, u);
+        }
+    }
+}
+
+/// Where each index seen so far went.
+#[derive(Default)]
+struct Slots {
+    at: HashMap<u32, usize>,
+    /// Entries examined by lookups (tests count the work).
+    #[cfg(test)]
+    probes: usize,
+}
+
+impl Slots {
+    /// The position of `index`, or `next` (recorded) when it is new; `true`
+    /// when new.
+    fn find_or_add(&mut self, index: u32, next: usize) -> (usize, bool) {
+        #[cfg(test)]
+        {
+            self.probes += 1;
+        }
+        match self.at.entry(index) {
+            Entry::Occupied(e) => (*e.get(), false),
+            Entry::Vacant(e) => (*e.insert(next), true),
+        }
     }
 }
 
@@ -366,6 +404,49 @@ mod tests {
             ("b", "{\"y\":2}")
         );
         assert_eq!(calls[1].name, "tool_b");
+    }
+
+    #[test]
+    fn joining_fragments_costs_one_lookup_each_whatever_the_indices() {
+        // 2,000 tool calls in one choice, each in two fragments (the second
+        // round after all the first ones), plus 500 choices with one text
+        // chunk each: a linear search per fragment examined about
+        // 2,000 × 2,000 entries.
+        let calls = 2_000u32;
+        let mut joined = Joined::default();
+        let frag = |index: u32, id: Option<String>, args: &str| ChatChunk {
+            tool_call: Some(ToolCallDelta {
+                index,
+                id,
+                name: None,
+                arguments: args.into(),
+            }),
+            ..ChatChunk::default()
+        };
+        for i in 0..calls {
+            joined.push(frag(i, Some(format!("c{i}")), "{"));
+        }
+        for i in 0..calls {
+            joined.push(frag(i, None, "}"));
+        }
+        for choice in 1..=500u32 {
+            joined.push(ChatChunk {
+                index: choice,
+                text: Some("t".into()),
+                ..ChatChunk::default()
+            });
+        }
+        let chunks = 2 * calls as usize + 500;
+        assert_eq!(joined.choice_at.probes, chunks);
+        assert_eq!(joined.call_at[0].probes, 2 * calls as usize);
+        assert_eq!(joined.choices.len(), 501);
+        let first = &joined.choices[0].tool_calls;
+        assert_eq!(first.len(), calls as usize);
+        assert_eq!(
+            (first[7].id.as_str(), first[7].arguments.as_str()),
+            ("c7", "{}")
+        );
+        assert_eq!(joined.choices[500].index, 500);
     }
 
     #[tokio::test]

@@ -15,11 +15,12 @@ use tower_llm_core::{
 };
 use tower_service::Service;
 
+use crate::secret::Scrub;
 use crate::transport::{
-    Answer, DEFAULT_MAX_BODY, RequestBody, build_error, error_envelope, error_failure_scrubbed,
-    invalid, poll_transport, round_trip, take_ready,
+    Answer, DEFAULT_MAX_BODY, RequestBody, build_error, error_envelope, error_failure,
+    invalid_json, poll_transport, round_trip, take_ready,
 };
-use crate::wire::{data_url, merge_turns, secret_header, tool_input, tool_schema};
+use crate::wire::{data_url, merge_turns, secret_header, tool_input, tool_schema, turn};
 use crate::{ApiKey, ProviderFuture};
 
 const PROVIDER: &str = "anthropic";
@@ -83,6 +84,11 @@ impl AnthropicConfig {
     /// The base URL.
     pub fn base_url(&self) -> &str {
         &self.base_url
+    }
+
+    /// The secrets to remove from upstream text: the key.
+    pub(crate) fn scrub(&self) -> Scrub {
+        Scrub::new([self.api_key.expose()])
     }
 }
 
@@ -172,7 +178,7 @@ where
             parts.status,
             &parts.headers,
             &bytes,
-            Some(config.api_key.expose()),
+            &config.scrub(),
         ));
     }
     decode(&bytes, latency).map_err(|f| f.with_status(parts.status))
@@ -238,8 +244,8 @@ where
             let http_req = request(&config, &req, true)?;
             let open = crate::streaming::Open {
                 wire: crate::streaming::SseWire::new(
-                    crate::stream::anthropic_event,
-                    Some(config.api_key.clone()),
+                    crate::stream::anthropic_event_scrubbed,
+                    config.scrub(),
                 ),
                 provider: PROVIDER,
                 model: req.model.clone(),
@@ -249,12 +255,7 @@ where
                 deadline: tower_llm_core::Deadline::of(&req.extensions),
                 metrics,
                 error: |parts: &http::response::Parts, body: &[u8]| {
-                    decode_error_scrubbed(
-                        parts.status,
-                        &parts.headers,
-                        body,
-                        Some(config.api_key.expose()),
-                    )
+                    decode_error_scrubbed(parts.status, &parts.headers, body, &config.scrub())
                 },
             };
             crate::streaming::open(transport, http_req, open).await
@@ -281,10 +282,11 @@ pub fn encode(req: &ChatRequest) -> Value {
     let mut body = json!({
         "model": req.model,
         "max_tokens": req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-        "messages": messages,
         "stream": req.stream,
     });
     let obj = body.as_object_mut().expect("a JSON object literal");
+    // Moved in: `json!` would copy the whole array.
+    obj.insert("messages".into(), Value::Array(messages));
     if !system.is_empty() {
         obj.insert("system".into(), json!(system.join("\n\n")));
     }
@@ -359,7 +361,7 @@ fn encode_message(m: &Message) -> Value {
         blocks.push(json!({"type": "tool_use", "id": call.id, "name": call.name,
                            "input": tool_input(&call.arguments)}));
     }
-    json!({"role": role, "content": blocks})
+    turn(role, blocks)
 }
 
 #[derive(Deserialize)]
@@ -403,7 +405,8 @@ struct WireUsage {
 /// cache reads. A missing required field (`id`, `model`, `content`,
 /// `usage`) is an invalid-response failure naming it.
 pub fn decode(body: &[u8], latency: Duration) -> Result<ChatResponse, Failure> {
-    let wire: WireResponse = serde_json::from_slice(body).map_err(|e| invalid(PROVIDER, e))?;
+    let wire: WireResponse =
+        serde_json::from_slice(body).map_err(|e| invalid_json(PROVIDER, &e))?;
     let mut text = String::new();
     let mut tool_calls = Vec::new();
     for block in wire.content {
@@ -454,19 +457,19 @@ pub fn decode(body: &[u8], latency: Duration) -> Result<ChatResponse, Failure> {
 /// Classifies an Anthropic error answer (a non-2xx status with its headers
 /// and body). The body is read leniently: garbage leaves the status's class.
 pub fn decode_error(status: http::StatusCode, headers: &http::HeaderMap, body: &[u8]) -> Failure {
-    decode_error_scrubbed(status, headers, body, None)
+    decode_error_scrubbed(status, headers, body, &Scrub::none())
 }
 
-/// As [`decode_error`], removing `secret` (the API key sent) from the
-/// provider's message.
+/// As [`decode_error`], removing the secrets of `scrub` (the API key sent)
+/// from the provider's message.
 fn decode_error_scrubbed(
     status: http::StatusCode,
     headers: &http::HeaderMap,
     body: &[u8],
-    secret: Option<&str>,
+    scrub: &Scrub,
 ) -> Failure {
     let parsed = error_envelope(body);
-    error_failure_scrubbed(PROVIDER, status, headers, &parsed, secret, |class, b| {
+    error_failure(PROVIDER, status, headers, &parsed, scrub, |class, b| {
         let message = b.message();
         if message.contains("credit balance")
             || message.contains("usage limit")

@@ -17,18 +17,27 @@ use tower_llm_core::{
 };
 use tower_service::Service;
 
+use crate::secret::Scrub;
 use crate::stream::StreamItem;
 use crate::transport::{
-    Answer, DEFAULT_MAX_BODY, ErrorBody, RequestBody, bounded, error_failure, invalid,
+    Answer, DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure, invalid, invalid_json,
     poll_transport, round_trip, take_ready,
 };
-use crate::wire::{data_url, merge_turns, tool_input, tool_schema};
+use crate::wire::{data_url, merge_turns, tool_input, tool_schema, turn};
 use crate::{ApiKey, ProviderFuture};
 
 const PROVIDER: &str = "bedrock";
 
-/// AWS credentials. The secret and the session token are redacted in
-/// `Debug`.
+/// AWS credentials. `Debug` prints none of them (access key id, secret,
+/// session token: all `[redacted]`).
+///
+/// ```
+/// use tower_llm_providers::AwsCredentials;
+///
+/// let creds = AwsCredentials::new("AKIDEXAMPLE", "secret").with_session_token("token");
+/// let shown = format!("{creds:?}");
+/// assert!(!shown.contains("AKIDEXAMPLE") && !shown.contains("secret\"") && !shown.contains("token\""));
+/// ```
 #[derive(Clone)]
 pub struct AwsCredentials {
     access_key_id: String,
@@ -71,7 +80,7 @@ impl AwsCredentials {
 impl fmt::Debug for AwsCredentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AwsCredentials")
-            .field("access_key_id", &self.access_key_id)
+            .field("access_key_id", &format_args!("[redacted]"))
             .field("secret_access_key", &self.secret_access_key)
             .field("session_token", &self.session_token)
             .finish()
@@ -138,6 +147,18 @@ impl BedrockConfig {
     /// The region.
     pub fn region(&self) -> &str {
         &self.region
+    }
+
+    /// The secrets to remove from upstream text: the access key id (sent
+    /// in `Authorization`), the session token (sent as
+    /// `x-amz-security-token`) and the secret key.
+    pub(crate) fn scrub(&self) -> Scrub {
+        let c = &self.credentials;
+        Scrub::new(
+            [c.access_key_id.as_str(), c.secret_access_key.expose()]
+                .into_iter()
+                .chain(c.session_token.as_ref().map(ApiKey::expose)),
+        )
     }
 }
 
@@ -226,7 +247,12 @@ where
         latency,
     } = round_trip(transport, http_req, config.max_body, PROVIDER).await?;
     if !parts.status.is_success() {
-        return Err(decode_error(parts.status, &parts.headers, &bytes));
+        return Err(decode_error_scrubbed(
+            parts.status,
+            &parts.headers,
+            &bytes,
+            &config.scrub(),
+        ));
     }
     let request_id = parts
         .headers
@@ -269,7 +295,7 @@ where
         Box::pin(async move {
             let http_req = signed(&config, &req, "converse-stream")?;
             let open = crate::streaming::Open {
-                wire: EventStreamWire::default(),
+                wire: EventStreamWire::new(config.scrub()),
                 provider: PROVIDER,
                 model: req.model.clone(),
                 metric_model: crate::transport::metric_model(&req),
@@ -278,7 +304,7 @@ where
                 deadline: tower_llm_core::Deadline::of(&req.extensions),
                 metrics,
                 error: |parts: &http::response::Parts, body: &[u8]| {
-                    decode_error(parts.status, &parts.headers, body)
+                    decode_error_scrubbed(parts.status, &parts.headers, body, &config.scrub())
                 },
             };
             crate::streaming::open(transport, http_req, open).await
@@ -289,11 +315,28 @@ where
 /// Bedrock's `application/vnd.amazon.eventstream` framing: length-prefixed
 /// binary messages with CRC-32 checksums, decoded (and checked) by
 /// `aws-smithy-eventstream`; payloads are JSON.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct EventStreamWire {
     buf: bytes::BytesMut,
     stopped: bool,
+    /// `metadata` after `messageStop` came: the terminator was handed on.
+    done: bool,
     failed: bool,
+    /// The credentials sent, removed from exception messages that echo
+    /// them.
+    scrub: Scrub,
+}
+
+impl EventStreamWire {
+    pub(crate) fn new(scrub: Scrub) -> Self {
+        EventStreamWire {
+            buf: bytes::BytesMut::new(),
+            stopped: false,
+            done: false,
+            failed: false,
+            scrub,
+        }
+    }
 }
 
 /// The largest event-stream message accepted (1 MiB, as for SSE events).
@@ -305,7 +348,7 @@ impl crate::streaming::Wire for EventStreamWire {
         bytes: &[u8],
         out: &mut std::collections::VecDeque<Result<StreamItem, Failure>>,
     ) {
-        if self.failed {
+        if self.failed || self.done {
             return;
         }
         self.buf.extend_from_slice(bytes);
@@ -325,6 +368,7 @@ impl crate::streaming::Wire for EventStreamWire {
                 return;
             }
             let frame = self.buf.split_to(total).freeze();
+            let mut last = false;
             let item = aws_smithy_eventstream::frame::read_message_from(frame)
                 .map_err(|e| invalid(PROVIDER, format!("event-stream message: {e}")))
                 .and_then(|message| {
@@ -337,19 +381,24 @@ impl crate::streaming::Wire for EventStreamWire {
                             .map(|v| v.as_str().to_owned())
                     };
                     match header(":message-type").as_deref() {
-                        Some("event") => event(
-                            header(":event-type").as_deref().unwrap_or_default(),
-                            message.payload(),
-                        ),
+                        Some("event") => {
+                            let kind = header(":event-type");
+                            let kind = kind.as_deref().unwrap_or_default();
+                            // `metadata` (the usage) follows `messageStop`:
+                            // the stream's last message.
+                            last = self.stopped && kind == "metadata";
+                            event(kind, message.payload())
+                        }
                         Some("exception") => Err(exception(
                             header(":exception-type").as_deref().unwrap_or_default(),
                             message.payload(),
+                            &self.scrub,
                         )),
                         // The protocol's generic error message (not seen
                         // from Bedrock).
                         _ => Err(Failure::new(FailureClass::Transient)
                             .with_provider(PROVIDER)
-                            .with_message(bounded(&format!(
+                            .with_message(self.scrub.message(&format!(
                                 "event-stream error {}: {}",
                                 header(":error-code").unwrap_or_default(),
                                 header(":error-message").unwrap_or_default()
@@ -364,13 +413,20 @@ impl crate::streaming::Wire for EventStreamWire {
             if self.failed {
                 return;
             }
+            if last {
+                // The terminator: the stream ends here, whether or not the
+                // upstream closes the body now.
+                out.push_back(Ok(StreamItem::Done));
+                self.done = true;
+                return;
+            }
         }
     }
 
     fn ended_cleanly(&mut self) -> bool {
-        // `metadata` (the usage) follows `messageStop`: the end of the body
-        // after `messageStop` is the terminator.
-        self.stopped && self.buf.is_empty()
+        // Without a `metadata` after it, the end of the body after
+        // `messageStop` is the terminator.
+        !self.done && self.stopped && self.buf.is_empty()
     }
 }
 
@@ -427,7 +483,7 @@ fn event(kind: &str, payload: &[u8]) -> Result<StreamItem, Failure> {
     ) {
         return Ok(StreamItem::Skip);
     }
-    let e: StreamEvent = serde_json::from_slice(payload).map_err(|e| invalid(PROVIDER, e))?;
+    let e: StreamEvent = serde_json::from_slice(payload).map_err(|e| invalid_json(PROVIDER, &e))?;
     let index = e.content_block_index;
     let chunk = match kind {
         "contentBlockStart" => match e.start.and_then(|s| s.tool_use) {
@@ -481,7 +537,7 @@ fn event(kind: &str, payload: &[u8]) -> Result<StreamItem, Failure> {
 /// An exception message of a stream, classified by its type (the HTTP
 /// codes of the Smithy model: throttling 429, service unavailable 503,
 /// internal 500, model stream error 424, validation 400).
-fn exception(kind: &str, payload: &[u8]) -> Failure {
+fn exception(kind: &str, payload: &[u8], scrub: &Scrub) -> Failure {
     let e: WireError<'_> = serde_json::from_slice(payload).unwrap_or_default();
     let message = e.message.as_deref().unwrap_or_default();
     let class = match kind {
@@ -494,7 +550,7 @@ fn exception(kind: &str, payload: &[u8]) -> Failure {
     };
     let mut f = Failure::new(class).with_provider(PROVIDER);
     if !message.is_empty() {
-        f = f.with_message(bounded(&format!("{kind}: {message}")));
+        f = f.with_message(scrub.message(&format!("{kind}: {message}")));
     }
     f
 }
@@ -577,6 +633,11 @@ fn signed(
         .map_err(|e| bad_request(format!("cannot sign the request: {e}")))?
         .into_parts();
     instructions.apply_to_request_http1x(&mut http_req);
+    // aws-sigv4 marks the session token sensitive but not `Authorization`,
+    // which names the access key id: keep it out of the request's `Debug`.
+    if let Some(auth) = http_req.headers_mut().get_mut(http::header::AUTHORIZATION) {
+        auth.set_sensitive(true);
+    }
     // Not signed: tracing headers may change without breaking the signature.
     crate::transport::inject_trace_context(http_req.headers_mut());
     Ok(http_req.map(|()| RequestBody::new(Bytes::from(body))))
@@ -608,8 +669,10 @@ pub fn encode(req: &ChatRequest) -> Result<Value, Failure> {
             .collect::<Result<Vec<_>, _>>()?,
         |b| b.get("toolResult").is_some(),
     );
-    let mut body = json!({"messages": messages});
-    let obj = body.as_object_mut().expect("a JSON object literal");
+    // Moved in: `json!` would copy the whole array.
+    let mut body = Value::Object(serde_json::Map::new());
+    let obj = body.as_object_mut().expect("an object");
+    obj.insert("messages".into(), Value::Array(messages));
     if !system.is_empty() {
         obj.insert("system".into(), Value::Array(system));
     }
@@ -705,7 +768,7 @@ fn encode_message(m: &Message) -> Result<Value, Failure> {
         blocks.push(json!({"toolUse": {"toolUseId": call.id, "name": call.name,
                                        "input": tool_input(&call.arguments)}}));
     }
-    Ok(json!({"role": role, "content": blocks}))
+    Ok(turn(role, blocks))
 }
 
 #[derive(Deserialize)]
@@ -767,7 +830,8 @@ pub fn decode(
     model: &str,
     latency: Duration,
 ) -> Result<ChatResponse, Failure> {
-    let wire: WireResponse = serde_json::from_slice(body).map_err(|e| invalid(PROVIDER, e))?;
+    let wire: WireResponse =
+        serde_json::from_slice(body).map_err(|e| invalid_json(PROVIDER, &e))?;
     let mut text = String::new();
     let mut tool_calls = Vec::new();
     for block in wire.output.message.content {
@@ -857,13 +921,24 @@ fn error_name<'a>(headers: &'a HeaderMap, body_kind: Option<&'a str>) -> Option<
 /// Classifies a Bedrock error answer (a non-2xx status with its headers and
 /// body). Garbage leaves the status's class.
 pub fn decode_error(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Failure {
+    decode_error_scrubbed(status, headers, body, &Scrub::none())
+}
+
+/// As [`decode_error`], removing the credentials of `scrub` from the
+/// provider's message.
+fn decode_error_scrubbed(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+    scrub: &Scrub,
+) -> Failure {
     let e: WireError<'_> = serde_json::from_slice(body).unwrap_or_default();
     let parsed = ErrorBody {
         kind: error_name(headers, e.kind.as_deref()).map(std::borrow::Cow::Borrowed),
         code: None,
         message: e.message,
     };
-    error_failure(PROVIDER, status, headers, &parsed, |class, b| {
+    error_failure(PROVIDER, status, headers, &parsed, scrub, |class, b| {
         let message = b.message().to_ascii_lowercase();
         match b.kind() {
             Some("ThrottlingException") => FailureClass::RateLimited,

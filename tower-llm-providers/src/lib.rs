@@ -58,7 +58,13 @@
 //! # Secrets
 //!
 //! Keys live in [`ApiKey`], whose `Debug` and `Display` print
-//! `[redacted]`; they never appear in errors, logs or spans.
+//! `[redacted]`; they never appear in errors, logs or spans
+//! ([`AwsCredentials`] redacts its access key id too). Upstream values are
+//! never quoted verbatim in an error: a body that does not decode is
+//! described by serde's error category, line and column (plus the name of a
+//! missing field), and a provider's own message is kept with every
+//! credential the provider sends replaced by `[redacted]`, before it is
+//! bounded to [`MAX_MESSAGE`] bytes.
 //!
 //! # Not yet here
 //!

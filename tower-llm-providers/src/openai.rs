@@ -15,9 +15,10 @@ use tower_llm_core::{
 };
 use tower_service::Service;
 
+use crate::secret::Scrub;
 use crate::transport::{
-    Answer, DEFAULT_MAX_BODY, RequestBody, build_error, error_envelope, error_failure_scrubbed,
-    invalid, poll_transport, round_trip, take_ready,
+    Answer, DEFAULT_MAX_BODY, RequestBody, build_error, error_envelope, error_failure, invalid,
+    invalid_json, poll_transport, round_trip, take_ready,
 };
 use crate::wire::{secret_header, tool_schema};
 use crate::{ApiKey, ProviderFuture};
@@ -85,6 +86,11 @@ impl OpenAiConfig {
     /// The base URL.
     pub fn base_url(&self) -> &str {
         &self.base_url
+    }
+
+    /// The secrets to remove from upstream text: the key.
+    pub(crate) fn scrub(&self) -> Scrub {
+        Scrub::new([self.api_key.expose()])
     }
 }
 
@@ -178,7 +184,7 @@ where
             parts.status,
             &parts.headers,
             &bytes,
-            Some(config.api_key.expose()),
+            &config.scrub(),
         ));
     }
     decode(&bytes, latency).map_err(|f| f.with_status(parts.status))
@@ -222,8 +228,8 @@ where
             let http_req = post(&config, "chat/completions", body)?;
             let open = crate::streaming::Open {
                 wire: crate::streaming::SseWire::new(
-                    crate::stream::openai_event,
-                    Some(config.api_key.clone()),
+                    crate::stream::openai_event_scrubbed,
+                    config.scrub(),
                 ),
                 provider: PROVIDER,
                 model: req.model.clone(),
@@ -233,12 +239,7 @@ where
                 deadline: tower_llm_core::Deadline::of(&req.extensions),
                 metrics,
                 error: |parts: &http::response::Parts, body: &[u8]| {
-                    decode_error_scrubbed(
-                        parts.status,
-                        &parts.headers,
-                        body,
-                        Some(config.api_key.expose()),
-                    )
+                    decode_error_scrubbed(parts.status, &parts.headers, body, &config.scrub())
                 },
             };
             crate::streaming::open(transport, http_req, open).await
@@ -282,10 +283,14 @@ pub fn encode_with(req: &ChatRequest, max_completion_tokens: bool) -> Value {
 fn encode_body(req: &ChatRequest, max_completion_tokens: bool, stream: bool) -> Value {
     let mut body = json!({
         "model": req.model,
-        "messages": req.messages.iter().map(encode_message).collect::<Vec<_>>(),
         "stream": stream,
     });
     let obj = body.as_object_mut().expect("a JSON object literal");
+    // Moved in: `json!` would copy the whole array.
+    obj.insert(
+        "messages".into(),
+        Value::Array(req.messages.iter().map(encode_message).collect()),
+    );
     if stream {
         obj.insert("stream_options".into(), json!({"include_usage": true}));
     }
@@ -441,7 +446,8 @@ struct WireTokenDetails {
 /// (`id`, `model`, `choices`, a choice's `message`) is an invalid-response
 /// failure naming it; unknown fields are ignored.
 pub fn decode(body: &[u8], latency: Duration) -> Result<ChatResponse, Failure> {
-    let wire: WireResponse = serde_json::from_slice(body).map_err(|e| invalid(PROVIDER, e))?;
+    let wire: WireResponse =
+        serde_json::from_slice(body).map_err(|e| invalid_json(PROVIDER, &e))?;
     if wire.choices.is_empty() {
         return Err(invalid(PROVIDER, "`choices` is empty"));
     }
@@ -502,19 +508,19 @@ fn finish_reason(reason: Option<&str>) -> FinishReason {
 /// Classifies an OpenAI error answer (a non-2xx status with its headers
 /// and body). The body is read leniently: garbage leaves the status's class.
 pub fn decode_error(status: http::StatusCode, headers: &http::HeaderMap, body: &[u8]) -> Failure {
-    decode_error_scrubbed(status, headers, body, None)
+    decode_error_scrubbed(status, headers, body, &Scrub::none())
 }
 
-/// As [`decode_error`], removing `secret` (the API key sent) from the
-/// provider's message.
+/// As [`decode_error`], removing the secrets of `scrub` (the API key sent)
+/// from the provider's message.
 fn decode_error_scrubbed(
     status: http::StatusCode,
     headers: &http::HeaderMap,
     body: &[u8],
-    secret: Option<&str>,
+    scrub: &Scrub,
 ) -> Failure {
     let parsed = error_envelope(body);
-    error_failure_scrubbed(PROVIDER, status, headers, &parsed, secret, |class, b| {
+    error_failure(PROVIDER, status, headers, &parsed, scrub, |class, b| {
         let is = |s: &str| b.code() == Some(s) || b.kind() == Some(s);
         let message = b.message();
         if is("insufficient_quota") {
@@ -592,7 +598,7 @@ where
                     parts.status,
                     &parts.headers,
                     &bytes,
-                    Some(config.api_key.expose()),
+                    &config.scrub(),
                 ));
             }
             decode_embeddings(&bytes, latency).map_err(|f| f.with_status(parts.status))
@@ -623,7 +629,8 @@ struct WireEmbeddingUsage {
 /// Normalises an Embeddings response body: vectors in input order (by
 /// their `index`); a missing or duplicate index is an invalid response.
 pub fn decode_embeddings(body: &[u8], latency: Duration) -> Result<EmbeddingResponse, Failure> {
-    let wire: WireEmbeddings = serde_json::from_slice(body).map_err(|e| invalid(PROVIDER, e))?;
+    let wire: WireEmbeddings =
+        serde_json::from_slice(body).map_err(|e| invalid_json(PROVIDER, &e))?;
     let n = wire.data.len();
     let mut embeddings: Vec<Option<Vec<f32>>> = vec![None; n];
     for item in wire.data {

@@ -50,3 +50,49 @@ impl fmt::Display for ApiKey {
         f.write_str("[redacted]")
     }
 }
+
+/// The secrets a provider sends upstream (API key; AWS access key id,
+/// secret and session token), removed from every upstream text we keep in
+/// a [`Failure`](tower_llm_core::Failure) message: an upstream or a proxy
+/// that echoes what it was sent must not put a key in our errors.
+#[derive(Clone, Default)]
+pub(crate) struct Scrub(Vec<ApiKey>);
+
+impl Scrub {
+    /// Removes each of `secrets` (those of at least 4 bytes: shorter ones
+    /// would mangle ordinary words).
+    pub(crate) fn new<'a>(secrets: impl IntoIterator<Item = &'a str>) -> Self {
+        Scrub(
+            secrets
+                .into_iter()
+                .filter(|s| s.len() >= 4)
+                .map(ApiKey::new)
+                .collect(),
+        )
+    }
+
+    /// Removes nothing.
+    pub(crate) fn none() -> Self {
+        Scrub(Vec::new())
+    }
+
+    /// `text` with every secret replaced by `[redacted]`, *then* bounded
+    /// to [`MAX_MESSAGE`](crate::MAX_MESSAGE) bytes (in that order, so a
+    /// secret straddling the cut cannot leave its first part behind).
+    pub(crate) fn message(&self, text: &str) -> String {
+        let mut owned = None::<String>;
+        for secret in &self.0 {
+            let current = owned.as_deref().unwrap_or(text);
+            if current.contains(secret.expose()) {
+                owned = Some(current.replace(secret.expose(), "[redacted]"));
+            }
+        }
+        crate::transport::bounded(owned.as_deref().unwrap_or(text))
+    }
+}
+
+impl fmt::Debug for Scrub {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Scrub([redacted; {}])", self.0.len())
+    }
+}

@@ -8,7 +8,7 @@
 use serde::Deserialize;
 use tower_llm_core::{ChatChunk, Failure, FailureClass, FinishReason, ToolCallDelta, Usage};
 
-use crate::transport::bounded;
+use crate::secret::Scrub;
 
 /// The largest single event accepted (1 MiB); a larger one is an
 /// invalid-response failure, so memory stays bounded.
@@ -250,8 +250,9 @@ struct WireError {
     message: Option<String>,
 }
 
-/// The failure class of an in-band stream error, by its `type`.
-fn in_band(provider: &'static str, error: WireError) -> Failure {
+/// The failure class of an in-band stream error, by its `type`; its
+/// message is kept with the secrets of `scrub` removed, then bounded.
+fn in_band(provider: &'static str, error: WireError, scrub: &Scrub) -> Failure {
     let class = match error.kind.as_deref() {
         Some("overloaded_error" | "server_error" | "api_error") => FailureClass::Transient,
         Some("rate_limit_error" | "tokens" | "requests") => FailureClass::RateLimited,
@@ -263,7 +264,7 @@ fn in_band(provider: &'static str, error: WireError) -> Failure {
     };
     let mut f = Failure::new(class).with_provider(provider);
     if let Some(m) = error.message {
-        f = f.with_message(bounded(&m));
+        f = f.with_message(scrub.message(&m));
     }
     f
 }
@@ -285,13 +286,22 @@ fn finish(reason: Option<&str>) -> Option<FinishReason> {
 /// An in-band `error` object (classified by its `type`: `server_error` is
 /// transient, ...) or malformed JSON (invalid response).
 pub fn openai_event(event: &SseEvent) -> Result<StreamItem, Failure> {
+    openai_event_scrubbed(event, &Scrub::none())
+}
+
+/// As [`openai_event`], removing the secrets of `scrub` from an in-band
+/// error's message before it is bounded.
+pub(crate) fn openai_event_scrubbed(
+    event: &SseEvent,
+    scrub: &Scrub,
+) -> Result<StreamItem, Failure> {
     if event.data.trim() == "[DONE]" {
         return Ok(StreamItem::Done);
     }
-    let chunk: OpenAiChunk =
-        serde_json::from_str(&event.data).map_err(|e| crate::transport::invalid("openai", e))?;
+    let chunk: OpenAiChunk = serde_json::from_str(&event.data)
+        .map_err(|e| crate::transport::invalid_json("openai", &e))?;
     if let Some(error) = chunk.error {
-        return Err(in_band("openai", error));
+        return Err(in_band("openai", error, scrub));
     }
     let usage = chunk.usage.map(|u| Usage {
         prompt_tokens: u.prompt_tokens.unwrap_or(0),
@@ -433,8 +443,17 @@ struct AnthropicUsage {
 /// An in-band `error` event (`overloaded_error` is transient, ...) or
 /// malformed JSON (invalid response).
 pub fn anthropic_event(event: &SseEvent) -> Result<StreamItem, Failure> {
-    let parsed: AnthropicEvent =
-        serde_json::from_str(&event.data).map_err(|e| crate::transport::invalid("anthropic", e))?;
+    anthropic_event_scrubbed(event, &Scrub::none())
+}
+
+/// As [`anthropic_event`], removing the secrets of `scrub` from an in-band
+/// error's message before it is bounded.
+pub(crate) fn anthropic_event_scrubbed(
+    event: &SseEvent,
+    scrub: &Scrub,
+) -> Result<StreamItem, Failure> {
+    let parsed: AnthropicEvent = serde_json::from_str(&event.data)
+        .map_err(|e| crate::transport::invalid_json("anthropic", &e))?;
     let usage = |u: AnthropicUsage| {
         let read = u.cache_read_input_tokens.unwrap_or(0);
         Usage {
@@ -448,7 +467,7 @@ pub fn anthropic_event(event: &SseEvent) -> Result<StreamItem, Failure> {
         }
     };
     Ok(match parsed {
-        AnthropicEvent::Error { error } => return Err(in_band("anthropic", error)),
+        AnthropicEvent::Error { error } => return Err(in_band("anthropic", error, scrub)),
         AnthropicEvent::MessageStop {} => StreamItem::Done,
         AnthropicEvent::MessageStart { message } => match message.usage {
             Some(u) => StreamItem::Chunk(ChatChunk {

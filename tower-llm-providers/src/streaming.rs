@@ -29,13 +29,19 @@
 //! connection that breaks off, a stall longer than the idle timeout, the
 //! call's deadline (it bounds the whole stream, checked before each chunk
 //! is handed on), or a stream that ends without its terminator (`[DONE]`,
-//! `message_stop`, Bedrock's `messageStop`) ends the [`ChatStream`] with one
+//! `message_stop`, Bedrock's `messageStop`, followed by `metadata` or the
+//! body's end) ends the [`ChatStream`] with one
 //! terminal `Err` item carrying the failure class. The breaker counts only
 //! failures before the commit point (its call future resolved `Ok` at the
 //! commit).
 //!
-//! After the terminator the rest of the body is read (at most 64 KiB,
-//! within the idle timeout) so the connection can return to the pool.
+//! The stream ends at the terminator: the consumer never waits on the rest
+//! of the body. What is left of it (an upstream that sends its terminator
+//! and lingers) is read in the background so the connection can return to
+//! the pool: at most 64 KiB, within the idle timeout and the call's
+//! deadline, on a task spawned on the current tokio runtime (the body is
+//! dropped, closing the connection, when there is none or the limit is
+//! reached).
 //!
 //! Put the layers around a `Streaming` service exactly as around the unary
 //! one; the retry layer's attempt timeout then bounds the time to the first
@@ -58,6 +64,7 @@ use tower_llm_core::{
 use tower_service::Service;
 
 use crate::RequestBody;
+use crate::secret::Scrub;
 use crate::stream::{SseEvent, SseParser, StreamItem};
 use crate::transport::read_body;
 
@@ -210,34 +217,24 @@ pub(crate) trait Wire: Send + 'static {
 /// [`stream`](crate::stream).
 pub(crate) struct SseWire {
     parser: SseParser,
-    decode: fn(&SseEvent) -> Result<StreamItem, Failure>,
+    decode: fn(&SseEvent, &Scrub) -> Result<StreamItem, Failure>,
     failed: bool,
-    /// The key sent, removed from in-band error messages that echo it.
-    secret: Option<crate::ApiKey>,
+    /// The secrets sent, removed from in-band error messages that echo
+    /// them (before the message is bounded).
+    scrub: Scrub,
 }
 
 impl SseWire {
     pub(crate) fn new(
-        decode: fn(&SseEvent) -> Result<StreamItem, Failure>,
-        secret: Option<crate::ApiKey>,
+        decode: fn(&SseEvent, &Scrub) -> Result<StreamItem, Failure>,
+        scrub: Scrub,
     ) -> Self {
         SseWire {
             parser: SseParser::new(),
             decode,
             failed: false,
-            secret,
+            scrub,
         }
-    }
-}
-
-/// `failure` with `secret` removed from its message.
-fn scrub(failure: Failure, secret: &str) -> Failure {
-    match failure.message() {
-        Some(m) if secret.len() >= 4 && m.contains(secret) => {
-            let scrubbed = m.replace(secret, "[redacted]");
-            failure.with_message(scrubbed)
-        }
-        _ => failure,
     }
 }
 
@@ -248,22 +245,19 @@ impl Wire for SseWire {
         }
         let decode = self.decode;
         let mut failed = false;
-        let secret = self.secret.as_ref();
+        let scrub = &self.scrub;
         let parsed = self.parser.push_with(bytes, |event| {
             if failed {
                 return;
             }
-            match decode(&event) {
+            match decode(&event, scrub) {
                 Ok(StreamItem::Chunks(chunks)) => {
                     out.extend(chunks.into_iter().map(|c| Ok(StreamItem::Chunk(c))));
                 }
                 Ok(item) => out.push_back(Ok(item)),
                 Err(f) => {
                     failed = true;
-                    out.push_back(Err(match secret {
-                        Some(secret) => scrub(f, secret.expose()),
-                        None => f,
-                    }));
+                    out.push_back(Err(f));
                 }
             }
         });
@@ -280,8 +274,8 @@ impl Wire for SseWire {
 enum Phase {
     /// Chunks flow.
     Open,
-    /// The terminator came: reading the rest of the body.
-    Draining,
+    /// The terminator came: the stream ends at the next poll.
+    Terminated,
     /// Ended (cleanly or with the terminal error).
     Finished,
 }
@@ -423,7 +417,7 @@ where
                         .as_ref()
                         .is_some_and(|p| p.finish_reason.is_some())
                     {
-                        self.phase = Phase::Draining;
+                        self.phase = Phase::Terminated;
                         return Ok(self);
                     }
                     return Err(self.empty("the stream ended before any content"));
@@ -482,7 +476,7 @@ where
         }
         match this.phase {
             Phase::Finished => return Poll::Ready(None),
-            Phase::Draining => return this.poll_drain(cx),
+            Phase::Terminated => return this.end_at_terminator(cx),
             Phase::Open => {}
         }
         // The deadline ends the stream even while chunks keep coming.
@@ -500,9 +494,7 @@ where
                 Poll::Ready(Some(Ok(StreamItem::Skip | StreamItem::Chunks(_)))) => {}
                 Poll::Ready(Some(Ok(StreamItem::Done))) => {
                     this.report(Ok(()));
-                    this.phase = Phase::Draining;
-                    this.armed = false;
-                    return this.poll_drain(cx);
+                    return this.end_at_terminator(cx);
                 }
                 Poll::Ready(Some(Err(f))) => return this.fail(f),
                 Poll::Ready(None) => {
@@ -560,33 +552,95 @@ where
         }
     }
 
-    /// After the terminator: reads the body to its end (at most
-    /// [`DRAIN_LIMIT`] bytes, within the idle timeout) so that the
-    /// connection can go back to the pool, then ends the stream cleanly.
-    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<ChatChunk, Failure>>> {
-        let mut drained = 0usize;
-        while let Some(body) = self.body.as_mut() {
-            match body.as_mut().poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    drained += frame.data_ref().map_or(0, Bytes::len);
-                    self.armed = false;
-                    if drained > DRAIN_LIMIT {
-                        self.body = None;
-                    }
-                }
-                Poll::Ready(Some(Err(_)) | None) => self.body = None,
-                Poll::Pending => {
-                    if self.poll_idle(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                    self.body = None;
-                }
+    /// At the terminator: ends the stream now, handing what is left of
+    /// the body to [`release`].
+    fn end_at_terminator(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<ChatChunk, Failure>>> {
+        if let Some(body) = self.body.take() {
+            let now = Instant::now();
+            let mut until = now
+                .checked_add(self.idle)
+                .unwrap_or_else(|| far_future(now));
+            if let Some(deadline) = self.deadline {
+                until = until.min(deadline);
             }
+            release(body, cx, until);
         }
         self.phase = Phase::Finished;
         self.timer = None;
         self.report(Ok(()));
         Poll::Ready(None)
+    }
+}
+
+/// The rest of a body after its stream's terminator, read so that the
+/// connection can go back to the pool (at most [`DRAIN_LIMIT`] bytes, until
+/// `until`) without the consumer waiting for it: what is already there is
+/// read now; if the body is not at its end yet, it is read on a task
+/// spawned on the current tokio runtime, or dropped (closing the
+/// connection) when there is none.
+fn release<B>(mut body: Pin<Box<B>>, cx: &mut Context<'_>, until: Instant)
+where
+    B: Body<Data = Bytes> + Send + 'static,
+{
+    let mut budget = DRAIN_LIMIT;
+    loop {
+        if body.is_end_stream() {
+            return;
+        }
+        match body.as_mut().poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let len = frame.data_ref().map_or(0, Bytes::len);
+                match budget.checked_sub(len) {
+                    Some(left) => budget = left,
+                    None => return,
+                }
+            }
+            Poll::Ready(Some(Err(_)) | None) => return,
+            Poll::Pending => break,
+        }
+    }
+    if Instant::now() >= until {
+        return;
+    }
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(Drain {
+            body,
+            budget,
+            timer: Box::pin(tokio::time::sleep_until(until)),
+        });
+    }
+}
+
+/// The background read of [`release`]: ends at the body's end, its error,
+/// over the byte budget, or at the timer (dropping the body then closes the
+/// connection).
+struct Drain<B> {
+    body: Pin<Box<B>>,
+    budget: usize,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl<B: Body<Data = Bytes>> Future for Drain<B> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        loop {
+            match this.body.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let len = frame.data_ref().map_or(0, Bytes::len);
+                    match this.budget.checked_sub(len) {
+                        Some(left) => this.budget = left,
+                        None => return Poll::Ready(()),
+                    }
+                }
+                Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(()),
+                Poll::Pending => return this.timer.as_mut().poll(cx),
+            }
+        }
     }
 }
 

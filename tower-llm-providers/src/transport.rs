@@ -7,6 +7,8 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use tower_llm_core::{BoxError, Failure, FailureClass, Outcome, classify_status};
 
+use crate::secret::Scrub;
+
 /// The request body type providers send.
 pub type RequestBody = Full<Bytes>;
 
@@ -245,25 +247,14 @@ pub(crate) fn error_envelope(body: &[u8]) -> ErrorBody<'_> {
 
 /// A failure for a non-2xx answer: the status and headers decide the class
 /// (with `Retry-After` and `x-should-retry`), then `refine` may sharpen it
-/// from the body (quota, context window, content filter).
+/// from the body (quota, context window, content filter). The provider's
+/// message is kept with every secret of `scrub` removed, then bounded.
 pub(crate) fn error_failure(
     provider: &'static str,
     status: StatusCode,
     headers: &HeaderMap,
     body: &ErrorBody<'_>,
-    refine: impl FnOnce(FailureClass, &ErrorBody<'_>) -> FailureClass,
-) -> Failure {
-    error_failure_scrubbed(provider, status, headers, body, None, refine)
-}
-
-/// As [`error_failure`], removing `secret` from the provider's message (a
-/// provider that echoes the key it was sent must not put it in our error).
-pub(crate) fn error_failure_scrubbed(
-    provider: &'static str,
-    status: StatusCode,
-    headers: &HeaderMap,
-    body: &ErrorBody<'_>,
-    secret: Option<&str>,
+    scrub: &Scrub,
     refine: impl FnOnce(FailureClass, &ErrorBody<'_>) -> FailureClass,
 ) -> Failure {
     let classified = match classify_status(status, headers) {
@@ -279,22 +270,54 @@ pub(crate) fn error_failure_scrubbed(
     .with_status(status)
     .with_provider(provider);
     if let Some(message) = body.message.as_deref() {
-        let message = match secret {
-            Some(secret) if secret.len() >= 4 && message.contains(secret) => {
-                message.replace(secret, "[redacted]")
-            }
-            _ => message.to_owned(),
-        };
-        failure = failure.with_message(bounded(&message));
+        failure = failure.with_message(scrub.message(message));
     }
     failure
 }
 
-/// A failure for a 2xx answer whose body we cannot use.
+/// A failure for a 2xx answer whose body we cannot use. `what` is our own
+/// text, never an upstream value.
 pub(crate) fn invalid(provider: &'static str, what: impl std::fmt::Display) -> Failure {
     Failure::new(FailureClass::InvalidResponse)
         .with_provider(provider)
         .with_message(bounded(&format!("malformed {provider} response: {what}")))
+}
+
+/// A failure for a 2xx answer (or a streamed event) that is not the JSON we
+/// expect. serde's own message quotes the offending value (`invalid type:
+/// string "sk-..."`), and an upstream or proxy may echo a key there, so
+/// only its category and position are kept, plus the name of a missing
+/// field (the names are ours).
+pub(crate) fn invalid_json(provider: &'static str, e: &serde_json::Error) -> Failure {
+    invalid(provider, json_error(e))
+}
+
+/// What went wrong in a JSON document, without quoting any of it.
+pub(crate) fn json_error(e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    let (line, column) = (e.line(), e.column());
+    match e.classify() {
+        Category::Data => match missing_field(e) {
+            Some(field) => format!("missing field `{field}` at line {line} column {column}"),
+            None => format!("unexpected value at line {line} column {column}"),
+        },
+        Category::Eof => format!("truncated JSON at line {line} column {column}"),
+        Category::Syntax => format!("invalid JSON at line {line} column {column}"),
+        Category::Io => "unreadable JSON".to_owned(),
+    }
+}
+
+/// The field named by serde's "missing field `name`" message: always one
+/// of our own (derive-generated) field names, made only of identifier
+/// characters.
+fn missing_field(e: &serde_json::Error) -> Option<String> {
+    let text = e.to_string();
+    let rest = text.strip_prefix("missing field `")?;
+    let name = &rest[..rest.find('`')?];
+    (!name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+    .then(|| name.to_owned())
 }
 
 #[cfg(test)]

@@ -1,0 +1,61 @@
+//! A 429 with a tiny `Retry-After` on a healthy single-link route, over
+//! real loopback HTTP: the full stack (deadline → retry → breaker →
+//! OpenAI provider) under virtual time.
+
+use std::time::Duration;
+
+use tower::{ServiceBuilder, ServiceExt};
+use tower_llm::breaker::CircuitState;
+use tower_llm::prelude::*;
+use tower_llm::providers::https::client_with_connect_timeout;
+use tower_llm::providers::{ApiKey, OpenAi, OpenAiConfig};
+use tower_llm::retry::FixedFraction;
+use tower_llm_providers::mock::{MockServer, Reply};
+
+fn req() -> ChatRequest {
+    ChatRequest::new("m", vec![Message::user("hi")])
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_50_ms_429_hold_never_turns_a_healthy_link_into_a_one_probe_link() {
+    // Every answer takes 1 s (an LLM call); the first request gets a 429
+    // asking to wait 50 ms.
+    let server = MockServer::start(Reply::openai_text("ok").after(Duration::from_secs(1)))
+        .await
+        .expect("server");
+    server.push(
+        Reply::openai_error(429, "requests", "Rate limit reached")
+            .with_header("retry-after-ms", "50"),
+    );
+    let breaker = BreakerLayer::new();
+    let handle = breaker.handle();
+    let provider = OpenAi::new(
+        client_with_connect_timeout(Duration::from_secs(5)),
+        OpenAiConfig::new(ApiKey::new("k")).with_base_url(&server.url()),
+    );
+    let svc = ServiceBuilder::new()
+        .llm_deadline(Duration::from_secs(30))
+        .llm_retry(RetryLayer::new().with_rng(FixedFraction(0.5)))
+        .llm_breaker(breaker)
+        .service(provider);
+
+    // The first call meets the 429; its retry goes out 50 ms later.
+    let first = tokio::spawn(svc.clone().oneshot(req()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Nine more callers arrive while that retry is in flight.
+    let rest: Vec<_> = (0..9)
+        .map(|_| tokio::spawn(svc.clone().oneshot(req())))
+        .collect();
+    let answer = first.await.expect("task").expect("the first call succeeds");
+    assert_eq!(answer.text(), "ok");
+    for call in rest {
+        let answer = call.await.expect("task").expect("every caller succeeds");
+        assert_eq!(answer.text(), "ok");
+    }
+    // The 429, its retry, and the nine.
+    assert_eq!(server.received().len(), 11);
+    let circuits = handle.snapshot();
+    assert_eq!(circuits.len(), 1);
+    assert_eq!(circuits[0].state, CircuitState::Closed);
+    assert_eq!(circuits[0].retry_after, None);
+}
