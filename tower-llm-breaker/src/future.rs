@@ -228,7 +228,7 @@ where
                 own.finish(&outcome, &mut result);
             }
             let mut verdict = guard.verdict(&outcome);
-            if matches!(verdict, Verdict::Failure { .. }) && guard.counted_before() {
+            if matches!(verdict, Verdict::Failure) && guard.counted_before() {
                 verdict = Verdict::Neutral;
             }
             guard.record(verdict);
