@@ -112,6 +112,11 @@ impl Message {
     }
 }
 
+/// `true` for an empty shared list (serde's `skip_serializing_if`).
+fn is_empty<T>(list: &Arc<Vec<T>>) -> bool {
+    list.is_empty()
+}
+
 /// A tool the model may call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tool {
@@ -158,11 +163,14 @@ pub enum ToolChoice {
 pub struct ChatRequest {
     /// The model id (or route alias) to call.
     pub model: String,
-    /// The conversation so far.
-    pub messages: Vec<Message>,
-    /// Tools the model may call.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<Tool>,
+    /// The conversation so far, shared: a copy of the request (the retry
+    /// layer's for a later attempt, the fallback layer's for the next link)
+    /// costs a reference count, whatever the prompt's size. Change it with
+    /// [`Arc::make_mut`] (which copies only if it is shared) or replace it.
+    pub messages: Arc<Vec<Message>>,
+    /// Tools the model may call, shared like `messages`.
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub tools: Arc<Vec<Tool>>,
     /// Tool choice; `None` leaves it to the provider's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ToolChoice>,
@@ -175,9 +183,9 @@ pub struct ChatRequest {
     /// The most tokens to generate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
-    /// Stop sequences.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub stop: Vec<String>,
+    /// Stop sequences, shared like `messages`.
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub stop: Arc<Vec<String>>,
     /// Ask for a streamed answer.
     #[serde(default)]
     pub stream: bool,
@@ -191,7 +199,7 @@ impl ChatRequest {
     pub fn new(model: impl Into<String>, messages: Vec<Message>) -> Self {
         ChatRequest {
             model: model.into(),
-            messages,
+            messages: Arc::new(messages),
             ..ChatRequest::default()
         }
     }
@@ -213,7 +221,7 @@ impl ChatRequest {
     /// Sets the tools.
     #[must_use]
     pub fn with_tools(mut self, tools: Vec<Tool>) -> Self {
-        self.tools = tools;
+        self.tools = Arc::new(tools);
         self
     }
 

@@ -657,6 +657,8 @@ pub fn decode_embeddings(body: &[u8], latency: Duration) -> Result<EmbeddingResp
 /// The server side of the OpenAI wire format, for gateways that speak it to
 /// their own clients: requests in, answers and stream chunks out.
 pub mod server {
+    use std::sync::Arc;
+
     use serde::Deserialize;
     use serde_json::{Value, json};
     use tower_llm_core::{
@@ -842,23 +844,24 @@ pub mod server {
                 .collect(),
             Some(_) => return Err(bad("stop must be a string or an array of strings")),
         };
+        let tools: Vec<Tool> = wire
+            .tools
+            .into_iter()
+            .map(|t| Tool {
+                name: t.function.name,
+                description: t.function.description,
+                parameters: t.function.parameters,
+            })
+            .collect();
         Ok(ChatRequest {
             model: wire.model,
-            messages,
-            tools: wire
-                .tools
-                .into_iter()
-                .map(|t| Tool {
-                    name: t.function.name,
-                    description: t.function.description,
-                    parameters: t.function.parameters,
-                })
-                .collect(),
+            messages: Arc::new(messages),
+            tools: Arc::new(tools),
             tool_choice,
             temperature: wire.temperature,
             top_p: wire.top_p,
             max_tokens: wire.max_tokens.or(wire.max_completion_tokens),
-            stop,
+            stop: Arc::new(stop),
             stream: wire.stream,
             ..ChatRequest::default()
         })
@@ -999,7 +1002,7 @@ pub mod server {
             assert_eq!(req.messages[2].tool_calls[0].id, "c1");
             assert_eq!(req.messages[3].tool_call_id.as_deref(), Some("c1"));
             assert_eq!(req.max_tokens, Some(9));
-            assert_eq!(req.stop, ["END"]);
+            assert_eq!(*req.stop, ["END"]);
             assert_eq!(req.tool_choice, Some(ToolChoice::Tool("f".into())));
             // `null` is absent, as OpenAI's own API reads it.
             let req = decode_request(

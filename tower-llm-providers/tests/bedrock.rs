@@ -201,7 +201,7 @@ fn session_tokens_are_sent_and_image_urls_refused() {
     let signed = bedrock::signed_request(&config, &req).expect("signed");
     assert_eq!(signed.headers()["x-amz-security-token"], "token-123");
     let mut with_image = req.clone();
-    with_image.messages[0]
+    std::sync::Arc::make_mut(&mut with_image.messages)[0]
         .content
         .push(tower_llm_core::ContentPart::ImageUrl {
             url: "https://x/y.png".into(),

@@ -37,7 +37,8 @@ fn parallel_tools() -> ChatRequest {
         name: "get_weather".into(),
         description: None,
         parameters: serde_json::Value::Null,
-    }];
+    }]
+    .into();
     req
 }
 
@@ -102,7 +103,7 @@ fn futures_body(body: tower_llm_providers::RequestBody) -> Vec<u8> {
 #[test]
 fn data_url_images() {
     let mut req = ChatRequest::new("m", vec![Message::user("what is this?")]);
-    req.messages[0].content.push(ContentPart::ImageUrl {
+    std::sync::Arc::make_mut(&mut req.messages)[0].content.push(ContentPart::ImageUrl {
         url: "data:image/png;base64,iVBORw0KGgo=".into(),
     });
     let body = anthropic::encode(&req);
