@@ -121,7 +121,7 @@ where
 {
     let mut req = ChatRequest::new("m", vec![Message::user("hi")]);
     // A call deadline, as under a deadline layer: checked before each chunk.
-    tower_llm::Deadline::after(std::time::Duration::from_secs(3600)).store(&mut req.extensions);
+    tower_llm::Deadline::after(std::time::Duration::from_secs(3600)).store(&mut req);
     now_or_never(svc.call(req)).expect("commits")
 }
 

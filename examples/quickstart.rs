@@ -81,7 +81,7 @@ async fn scenario(title: &str, provider: &'static str, script: Script, calls: us
 
     for call in 1..=calls {
         let mut req = ChatRequest::new("mock-model", vec![Message::user("Say hello")]);
-        req.extensions.insert(Link::new(provider, "mock-model"));
+        Link::new(provider, "mock-model").store(&mut req);
         let started = Instant::now();
         let result = svc.clone().oneshot(req).await;
         let took = started.elapsed().as_millis();

@@ -82,7 +82,7 @@ impl tonic::server::UnaryService<CompleteRequest> for Complete {
             let message = request.into_inner();
             let mut req = ChatRequest::new(message.model, vec![Message::user(message.prompt)]);
             if let Some(timeout) = timeout {
-                tower_llm::Deadline::after(timeout).store(&mut req.extensions);
+                tower_llm::Deadline::after(timeout).store(&mut req);
             }
             match llm.oneshot(req).await {
                 Ok(res) => Ok(tonic::Response::new(CompleteReply {

@@ -43,7 +43,7 @@ mod sealed {
 ///     .llm_retry(RetryLayer::http().with_max_attempts(3))
 ///     .llm_breaker(BreakerLayer::http())
 ///     .service(service_fn(|req: http::Request<()>| async move {
-///         let left = Deadline::remaining_in(req.extensions()).unwrap();
+///         let left = Deadline::remaining_in(&req).unwrap();
 ///         Ok::<_, Failure>(http::Response::new(left))
 ///     }));
 /// let res = svc.oneshot(http::Request::new(())).await.unwrap();

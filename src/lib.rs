@@ -156,8 +156,7 @@ pub mod prelude {
     pub use crate::fallback::{FallbackLayer, LinkSpec};
     pub use crate::retry::{Backoff, RetryLayer};
     pub use tower_llm_core::{
-        ChatRequest, ChatResponse, ChatStream, Deadline, Failure, FailureClass, HasExtensions,
-        Message,
+        ChatRequest, ChatResponse, ChatStream, Deadline, Failure, FailureClass, LlmRequest, Message,
     };
 }
 

@@ -134,7 +134,7 @@ async fn deadline_echo_server() -> SocketAddr {
         ServiceBuilder::new()
             .llm_deadline(Duration::from_secs(30))
             .service(service_fn(|req: http::Request<Incoming>| async move {
-                let left = Deadline::remaining_in(req.extensions()).expect("deadline");
+                let left = Deadline::remaining_in(&req).expect("deadline");
                 Ok::<_, Failure>(http::Response::new(Full::from(
                     left.as_millis().to_string(),
                 )))

@@ -5,7 +5,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use tower_llm_core::{HasExtensions, Link};
+use tower_llm_core::{Link, LlmRequest};
 
 /// The identity of one circuit: provider and model, plus an optional scope
 /// (credential, tenant, region or endpoint).
@@ -208,13 +208,13 @@ where
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LinkKey;
 
-impl<Req: HasExtensions> KeyFn<Req> for LinkKey {
+impl<Req: LlmRequest> KeyFn<Req> for LinkKey {
     fn key(&self, req: &Req, default: &Link) -> BreakerKey {
-        BreakerKey::from_link(Link::of(req.extensions()).unwrap_or(default))
+        BreakerKey::from_link(Link::of(req).unwrap_or(default))
     }
 
     fn with_key<R>(&self, req: &Req, default: &Link, f: impl FnOnce(KeyView<'_>) -> R) -> R {
-        let link = Link::of(req.extensions()).unwrap_or(default);
+        let link = Link::of(req).unwrap_or(default);
         f(KeyView {
             provider: link.provider(),
             model: link.model(),
@@ -232,7 +232,7 @@ pub struct AuthorityKey;
 
 impl<B> KeyFn<http::Request<B>> for AuthorityKey {
     fn key(&self, req: &http::Request<B>, default: &Link) -> BreakerKey {
-        let key = BreakerKey::from_link(Link::of(req.extensions()).unwrap_or(default));
+        let key = BreakerKey::from_link(Link::of(req).unwrap_or(default));
         match req.uri().authority() {
             Some(a) => match a.port_u16() {
                 Some(port) => key.with_scope(format!("{}:{port}", a.host())),

@@ -4,8 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower_llm_core::{
-    AttemptOutcome, AttemptRecord, BoxError, CallView, Classify, Failure, FailureClass,
-    HasExtensions,
+    AttemptOutcome, AttemptRecord, BoxError, Call, Classify, Failure, FailureClass, LlmRequest,
 };
 use tower_service::Service;
 
@@ -67,7 +66,7 @@ where
     S::Error: Into<BoxError> + 'static,
     K: KeyFn<Req>,
     C: Classify<S::Response, Failure> + Clone,
-    Req: HasExtensions,
+    Req: LlmRequest,
 {
     type Response = S::Response;
     type Error = Failure;
@@ -86,17 +85,17 @@ where
         // The attempt's record: a retry layer outside has made it (the
         // breaker reads it); without one, the breaker makes it, so a stack
         // without a retry layer still records every attempt.
-        let view = CallView::of(req.extensions());
+        let view = req.call();
         let mut attempt = None;
         let mut own = None;
-        if let Some(log) = view.log {
+        if let Some(log) = view.and_then(Call::log) {
             match log.in_flight() {
                 Some(index) => attempt = Some((log.clone(), index)),
                 None => {
-                    let link = view.link.unwrap_or(&shared.link);
+                    let link = view.and_then(Call::link).unwrap_or(&shared.link);
                     let record = AttemptRecord::new(
                         link,
-                        view.attempt,
+                        view.map_or(1, Call::attempt),
                         AttemptOutcome::InFlight,
                         Duration::ZERO,
                     );
@@ -106,7 +105,7 @@ where
                                 log: log.clone(),
                                 index,
                                 start: Instant::now(),
-                                deadline: view.deadline.map(|d| d.instant()),
+                                deadline: view.and_then(Call::deadline).map(|d| d.instant()),
                             });
                         }
                         // The attempts cap: this attempt must not be made.

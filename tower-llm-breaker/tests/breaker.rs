@@ -109,7 +109,7 @@ fn req() -> ChatRequest {
 
 fn req_for(provider: &str) -> ChatRequest {
     let mut r = req();
-    r.extensions.insert(Link::new(provider, "m"));
+    Link::new(provider, "m").store(&mut r);
     r
 }
 
@@ -312,7 +312,7 @@ async fn circuits_whose_failures_went_stale_are_evicted_when_full() {
     let store = Arc::new(MemoryStore::new(2).with_stale_after(Duration::from_secs(10)));
     let layer = BreakerLayer::new()
         .with_key_fn(|req: &ChatRequest, link: &Link| {
-            BreakerKey::from_link(Link::of(&req.extensions).unwrap_or(link))
+            BreakerKey::from_link(Link::of(req).unwrap_or(link))
         })
         .with_store(store.clone());
     let handle = layer.handle();
@@ -390,7 +390,7 @@ async fn one_provider_open_another_serving() {
 fn route_a_or_b(a: &Provider, b: &Provider) -> Svc {
     let (sa, sb) = (a.service(), b.service());
     BoxCloneService::new(service_fn(move |req: ChatRequest| {
-        let to_a = Link::of(&req.extensions).is_some_and(|l| l.provider() == "a");
+        let to_a = Link::of(&req).is_some_and(|l| l.provider() == "a");
         if to_a { sa.clone() } else { sb.clone() }.oneshot(req)
     }))
 }
@@ -414,7 +414,7 @@ struct Tenant(&'static str);
 async fn a_credential_scoped_key_opens_only_for_that_credential() {
     let provider = Provider::new(Answer::Ok);
     let layer = BreakerLayer::new().with_key_fn(|req: &ChatRequest, link: &Link| {
-        let key = BreakerKey::from_link(tower_llm_core::Link::of(&req.extensions).unwrap_or(link));
+        let key = BreakerKey::from_link(tower_llm_core::Link::of(req).unwrap_or(link));
         match req.extensions.get::<Tenant>() {
             Some(t) => key.with_scope(t.0),
             None => key,
@@ -710,7 +710,7 @@ async fn only_this_calls_own_attempt_record_can_charge_a_timeout() {
     });
     let svc = layer.layer(provider.service());
     let mut r = req();
-    let log = tower_llm_core::AttemptLog::install(&mut r.extensions).expect("owner");
+    let log = tower_llm_core::AttemptLog::install(&mut r).expect("owner");
     log.push(tower_llm_core::AttemptRecord::new(
         &Link::new("other", "m"),
         1,

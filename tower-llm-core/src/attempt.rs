@@ -3,10 +3,9 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use http::Extensions;
 use serde::{Deserialize, Serialize};
 
-use crate::{ChatResponse, Failure, FailureClass, Link};
+use crate::{Call, ChatResponse, Failure, FailureClass, Link, LlmRequest};
 
 /// The most attempts one logical call may record (seed 002 §1 item 13:
 /// 5 providers × 3 attempts = 15, plus one slot of margin). The 17th
@@ -295,7 +294,7 @@ impl AttemptRecord {
 /// use std::time::Duration;
 /// use tower_llm_core::{AttemptLog, AttemptOutcome, AttemptRecord, Link};
 ///
-/// let mut ext = http::Extensions::new();
+/// let mut ext = http::Request::new(());
 /// let owned = AttemptLog::install(&mut ext).expect("first layer owns the log");
 /// assert!(AttemptLog::install(&mut ext).is_none()); // inner layers only append
 ///
@@ -330,22 +329,17 @@ impl AttemptLog {
     /// fallback answer.
     pub const INITIAL_CAPACITY: usize = 4;
 
-    /// Puts a new log into `extensions` unless one is there. Returns the log
-    /// if this call created it (the caller is then its owner and must attach
-    /// it when the call ends), `None` if an outer layer already owns one.
-    pub fn install(extensions: &mut Extensions) -> Option<AttemptLog> {
-        // A fresh request has no extensions: nothing to look up.
-        if !extensions.is_empty() && AttemptLog::of(extensions).is_some() {
-            return None;
-        }
-        let log = AttemptLog::new();
-        crate::call_state::CallState::of_mut(extensions).log = Some(log.clone());
-        Some(log)
+    /// Puts a new log into the call `req` carries unless it has one.
+    /// Returns the log if this call created it (the caller is then its
+    /// owner and must attach it when the call ends), `None` if an outer
+    /// layer already owns one.
+    pub fn install<R: LlmRequest + ?Sized>(req: &mut R) -> Option<AttemptLog> {
+        req.call_mut().install_log()
     }
 
-    /// The log in `extensions`, if any.
-    pub fn of(extensions: &Extensions) -> Option<&AttemptLog> {
-        crate::call_state::CallState::read(extensions, |s| s.log.as_ref())
+    /// The log of the call `req` carries, if any.
+    pub fn of<R: LlmRequest + ?Sized>(req: &R) -> Option<&AttemptLog> {
+        req.call().and_then(Call::log)
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<AttemptRecord>> {
@@ -612,7 +606,7 @@ mod tests {
 
     #[test]
     fn clones_share_one_log() {
-        let mut ext = Extensions::new();
+        let mut ext = http::Request::new(());
         let owner = AttemptLog::install(&mut ext).expect("owner");
         let copy = ext.clone();
         AttemptLog::of(&copy)

@@ -189,7 +189,12 @@ pub struct ChatRequest {
     /// Ask for a streamed answer.
     #[serde(default)]
     pub stream: bool,
-    /// Per-call state for the layers; not serialised.
+    /// What the call carries between the layers (deadline, link, attempt
+    /// log; see [`Call`](crate::Call)); set by the layers, not serialised.
+    #[serde(skip)]
+    pub call: Option<crate::Call>,
+    /// Values of your own that travel with the request (for example
+    /// [`NotReplayable`](crate::NotReplayable)); not serialised.
     #[serde(skip)]
     pub extensions: Extensions,
 }

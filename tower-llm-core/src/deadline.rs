@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use http::Extensions;
+use crate::{Call, LlmRequest};
 use tokio::time::Instant;
 
 /// How far ahead a deadline is put when `now + budget` would overflow the
@@ -26,7 +26,7 @@ const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
 /// let deadline = Deadline::after(Duration::from_secs(5));
-/// let mut ext = http::Extensions::new();
+/// let mut ext = http::Request::new(());
 /// deadline.store(&mut ext);
 /// assert_eq!(Deadline::remaining_in(&ext), Some(Duration::from_secs(5)));
 /// // A per-attempt timeout never reaches past the call's deadline.
@@ -77,25 +77,20 @@ impl Deadline {
         wait.min(self.remaining())
     }
 
-    /// The deadline stored in `extensions`, if any.
-    pub fn of(extensions: &Extensions) -> Option<Self> {
-        crate::call_state::CallState::read(extensions, |s| s.deadline.as_ref()).copied()
+    /// The deadline of the call `req` carries, if any.
+    pub fn of<R: LlmRequest + ?Sized>(req: &R) -> Option<Self> {
+        req.call().and_then(Call::deadline)
     }
 
-    /// The time left of the deadline stored in `extensions`, if any.
-    pub fn remaining_in(extensions: &Extensions) -> Option<Duration> {
-        Deadline::of(extensions).map(Deadline::remaining)
+    /// The time left of the deadline of the call `req` carries, if any.
+    pub fn remaining_in<R: LlmRequest + ?Sized>(req: &R) -> Option<Duration> {
+        Deadline::of(req).map(Deadline::remaining)
     }
 
-    /// Stores this deadline in `extensions`, keeping an earlier one that is
-    /// already there. Returns the deadline now in force.
-    pub fn store(self, extensions: &mut Extensions) -> Deadline {
-        let in_force = match Deadline::of(extensions) {
-            Some(existing) if existing < self => existing,
-            _ => self,
-        };
-        crate::call_state::CallState::of_mut(extensions).deadline = Some(in_force);
-        in_force
+    /// Stores this deadline in the call `req` carries, keeping an earlier
+    /// one that is already there. Returns the deadline now in force.
+    pub fn store<R: LlmRequest + ?Sized>(self, req: &mut R) -> Deadline {
+        req.call_mut().store_deadline(self)
     }
 }
 
@@ -124,7 +119,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn store_keeps_the_earlier_deadline() {
-        let mut ext = Extensions::new();
+        let mut ext = http::Request::new(());
         let early = Deadline::after(Duration::from_secs(1));
         let late = Deadline::after(Duration::from_secs(9));
         assert_eq!(late.store(&mut ext), late);

@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::Extensions;
 use serde::{Deserialize, Serialize};
 
-use crate::{AttemptRecord, HasExtensions, RecordsAttempts};
+use crate::{AttemptRecord, RecordsAttempts};
 
 /// A request to embed one or more texts.
 ///
@@ -25,7 +25,11 @@ pub struct EmbeddingRequest {
     /// Ask for shorter vectors (models that support it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dimensions: Option<u32>,
-    /// Per-call state for the layers; not serialised.
+    /// What the call carries between the layers (see
+    /// [`Call`](crate::Call)); set by the layers, not serialised.
+    #[serde(skip)]
+    pub call: Option<crate::Call>,
+    /// Values of your own that travel with the request; not serialised.
     #[serde(skip)]
     pub extensions: Extensions,
 }
@@ -38,15 +42,6 @@ impl EmbeddingRequest {
             input,
             ..EmbeddingRequest::default()
         }
-    }
-}
-
-impl HasExtensions for EmbeddingRequest {
-    fn extensions(&self) -> &Extensions {
-        &self.extensions
-    }
-    fn extensions_mut(&mut self) -> &mut Extensions {
-        &mut self.extensions
     }
 }
 

@@ -8,8 +8,10 @@
 //! - [`Classify`]: maps `&Result<Res, E>` to an [`Outcome`], with defaults for
 //!   typed chat calls ([`ChatClassifier`]) and raw HTTP ([`HttpClassifier`]:
 //!   status, `Retry-After`, `retry-after-ms`, `x-should-retry`).
-//! - [`Deadline`]: the call's absolute deadline, carried in the request's
-//!   [`http::Extensions`] ([`HasExtensions`] gives access for any request).
+//! - [`Call`]: what one call carries between the layers (deadline, link,
+//!   attempt number, attempt log), reached through [`LlmRequest`] on any
+//!   request type; the cross-layer contract is written in its module.
+//! - [`Deadline`]: the call's absolute deadline.
 //! - [`AttemptLog`]: one [`AttemptRecord`] per attempt, at most
 //!   [`MAX_ATTEMPTS_PER_CALL`], returned with the response and the error.
 //! - [`ChatRequest`], [`ChatResponse`], [`ChatChunk`]: provider-neutral chat types;
@@ -44,14 +46,13 @@
 
 mod attempt;
 mod bounded;
-mod call_state;
+mod call;
 mod chat;
 mod class;
 mod classify;
 mod deadline;
 mod embed;
 mod error;
-mod extensions;
 mod link;
 mod retry_after;
 pub mod serde_millis;
@@ -64,11 +65,7 @@ pub use attempt::{
     ServedBy,
 };
 pub use bounded::Bounded;
-#[doc(hidden)]
-pub use call_state::{
-    CallView, ReplayCopy, attempt_number, begin_call, enter_replaying, is_not_replayable,
-    replay_copy, set_attempt_number,
-};
+pub use call::{Call, LlmRequest, Replay};
 pub use chat::{
     ChatChunk, ChatRequest, ChatResponse, Choice, ContentPart, FinishReason, Message, Role, Tool,
     ToolCall, ToolCallDelta, ToolChoice, Usage,
@@ -81,7 +78,6 @@ pub use classify::{
 pub use deadline::Deadline;
 pub use embed::{EmbeddingRequest, EmbeddingResponse};
 pub use error::{BoxError, Failure};
-pub use extensions::HasExtensions;
 pub use link::Link;
 pub use retry_after::{
     MAX_RETRY_AFTER, RETRY_AFTER_MS, parse_retry_after, parse_retry_after_ms, retry_after,

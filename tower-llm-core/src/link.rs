@@ -2,22 +2,22 @@
 
 use std::sync::Arc;
 
-use http::Extensions;
+use crate::{Call, LlmRequest};
 
 /// A small descriptor of the link being called: provider name, model and
 /// its position in a fallback chain (0 = primary).
 ///
-/// The fallback layer puts one into the request's extensions for each link
-/// it tries; retry and breaker read it for attempt records, metric labels
-/// and breaker keys. Cloning is one reference-count increment.
+/// The fallback layer stores one in the request's [`Call`] for each link it
+/// tries; retry and breaker read it for attempt records, metric labels and
+/// breaker keys. Cloning is one reference-count increment.
 ///
 /// ```
 /// use tower_llm_core::Link;
 ///
 /// let link = Link::new("anthropic", "claude-sonnet-4-5").with_position(1);
-/// let mut ext = http::Extensions::new();
-/// ext.insert(link.clone());
-/// assert_eq!(Link::of(&ext), Some(&link));
+/// let mut req = http::Request::new(());
+/// link.clone().store(&mut req);
+/// assert_eq!(Link::of(&req), Some(&link));
 /// assert_eq!(link.provider(), "anthropic");
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -86,15 +86,14 @@ impl Link {
         self.inner.position
     }
 
-    /// The link stored in `extensions` (by [`store`](Self::store), or
-    /// inserted directly), if any.
-    pub fn of(extensions: &Extensions) -> Option<&Link> {
-        crate::call_state::CallState::read(extensions, |s| s.link.as_ref())
+    /// The link stored in the call `req` carries, if any.
+    pub fn of<R: LlmRequest + ?Sized>(req: &R) -> Option<&Link> {
+        req.call().and_then(Call::link)
     }
 
-    /// Stores this link in `extensions` (replacing one stored before), with
-    /// the call's other tower-llm state: one entry for all of it.
-    pub fn store(self, extensions: &mut Extensions) {
-        crate::call_state::CallState::of_mut(extensions).link = Some(self);
+    /// Stores this link in the call `req` carries (replacing one stored
+    /// before).
+    pub fn store<R: LlmRequest + ?Sized>(self, req: &mut R) {
+        req.call_mut().set_link(self);
     }
 }

@@ -290,11 +290,14 @@ pub struct CallOwner {
 }
 
 impl CallOwner {
-    /// Takes ownership of the call whose request carries `extensions`: a
-    /// fresh attempt log and span, or `None` when an outer layer already
-    /// owns the call.
-    pub fn install(extensions: &mut http::Extensions, metrics: &Metrics) -> Option<CallOwner> {
-        let log = AttemptLog::install(extensions)?;
+    /// Takes ownership of the call `req` carries (rule 1 of the [carrier's
+    /// contract](crate::Call)): a fresh attempt log and span, or `None` when
+    /// an outer layer already owns the call.
+    pub fn install<R: crate::LlmRequest + ?Sized>(
+        req: &mut R,
+        metrics: &Metrics,
+    ) -> Option<CallOwner> {
+        let log = AttemptLog::install(req)?;
         Some(CallOwner::owning(log, metrics))
     }
 

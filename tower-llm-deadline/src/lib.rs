@@ -3,13 +3,13 @@
 //! [`DeadlineLayer`] is the outermost layer of a tower-llm stack. For each
 //! call it computes the *effective deadline*, the earliest of
 //!
-//! - a [`Deadline`] already in the request's extensions (set by the caller
+//! - a [`Deadline`] already in the request's [`Call`](tower_llm_core::Call) (set by the caller
 //!   or by an outer layer),
 //! - now + the layer's budget,
 //! - for [`http::Request`]s, an inbound `grpc-timeout` header (gRPC wire
 //!   format) or an `x-request-timeout-ms` header,
 //!
-//! stores it in the request's extensions, so every inner layer (retry sleeps,
+//! stores it in the request's [`Call`](tower_llm_core::Call), so every inner layer (retry sleeps,
 //! per-attempt timeouts, the next fallback link) spends the same budget, and
 //! returns a deadline-exceeded [`Failure`] the moment it passes, dropping
 //! (cancelling) the inner call right then. It also installs the call's
@@ -26,7 +26,7 @@
 //! # async fn main() {
 //! let slow = service_fn(|req: http::Request<()>| async move {
 //!     // Inner layers see the deadline.
-//!     assert!(Deadline::of(req.extensions()).is_some());
+//!     assert!(Deadline::of(&req).is_some());
 //!     tokio::time::sleep(Duration::from_secs(10)).await;
 //!     Ok::<_, Failure>(http::Response::new(()))
 //! });

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower_llm_core::{
-    Bounded, BoxError, Deadline, Failure, HasExtensions, Metrics, RecordsAttempts,
+    Bounded, BoxError, Call, Deadline, Failure, LlmRequest, Metrics, RecordsAttempts,
 };
 use tower_service::Service;
 
@@ -63,7 +63,7 @@ where
     S: Service<Req>,
     S::Error: Into<BoxError> + 'static,
     S::Response: RecordsAttempts,
-    Req: HasExtensions,
+    Req: LlmRequest,
 {
     type Response = S::Response;
     type Error = Failure;
@@ -77,11 +77,10 @@ where
     fn call(&mut self, mut req: Req) -> Self::Future {
         let now = Instant::now();
         let mut deadline = Deadline::after_from(now, self.budget);
-        if let Some(timeout) = req.headers().and_then(header_timeout) {
+        if let Some(timeout) = LlmRequest::headers(&req).and_then(header_timeout) {
             deadline = deadline.min(Deadline::after_from(now, timeout));
         }
-        let (deadline, owner) =
-            tower_llm_core::begin_call(req.extensions_mut(), deadline, &self.metrics);
+        let (deadline, owner) = Call::begin(&mut req, deadline, &self.metrics);
         let call = if deadline.instant() <= now {
             // Nothing can finish in no time: do not spend a provider call.
             Bounded::expired(deadline.instant())

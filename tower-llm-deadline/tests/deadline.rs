@@ -33,7 +33,7 @@ fn fixture(delay: Duration) -> (Seen, Arc<AtomicBool>, Http) {
     let dropped = Arc::new(AtomicBool::new(false));
     let (s, d) = (seen.clone(), dropped.clone());
     let svc = service_fn(move |req: http::Request<()>| {
-        *s.lock().expect("lock") = Deadline::of(req.extensions());
+        *s.lock().expect("lock") = Deadline::of(&req);
         let guard = DropFlag(d.clone());
         async move {
             let _guard = guard;
@@ -50,8 +50,7 @@ async fn seed_ac8_caller_deadline_5s_inner_10s() {
     let svc = DeadlineLayer::new(Duration::from_secs(30)).layer(inner);
     let start = Instant::now();
     let mut req = http::Request::new(());
-    req.extensions_mut()
-        .insert(Deadline::at(start + Duration::from_secs(5)));
+    Deadline::at(start + Duration::from_secs(5)).store(&mut req);
 
     let err = svc.oneshot(req).await.expect_err("deadline exceeded");
 
@@ -88,8 +87,7 @@ async fn budget_wins_when_tightest() {
     let svc = DeadlineLayer::new(Duration::from_secs(2)).layer(inner);
     let start = Instant::now();
     let mut req = http::Request::new(());
-    req.extensions_mut()
-        .insert(Deadline::at(start + Duration::from_secs(8)));
+    Deadline::at(start + Duration::from_secs(8)).store(&mut req);
     req.headers_mut()
         .insert("grpc-timeout", http::HeaderValue::from_static("4S"));
     let err = svc.oneshot(req).await.expect_err("deadline");
@@ -107,8 +105,7 @@ async fn caller_deadline_wins_when_tightest() {
     let svc = DeadlineLayer::new(Duration::from_secs(30)).layer(inner);
     let start = Instant::now();
     let mut req = http::Request::new(());
-    req.extensions_mut()
-        .insert(Deadline::at(start + Duration::from_millis(1500)));
+    Deadline::at(start + Duration::from_millis(1500)).store(&mut req);
     req.headers_mut()
         .insert("grpc-timeout", http::HeaderValue::from_static("4S"));
     let err = svc.oneshot(req).await.expect_err("deadline");
@@ -126,8 +123,7 @@ async fn grpc_timeout_wins_when_tightest() {
     let svc = DeadlineLayer::new(Duration::from_secs(30)).layer(inner);
     let start = Instant::now();
     let mut req = http::Request::new(());
-    req.extensions_mut()
-        .insert(Deadline::at(start + Duration::from_secs(8)));
+    Deadline::at(start + Duration::from_secs(8)).store(&mut req);
     req.headers_mut()
         .insert("grpc-timeout", http::HeaderValue::from_static("750m"));
     let err = svc.oneshot(req).await.expect_err("deadline");
@@ -268,7 +264,7 @@ where
     F: Fn() -> Option<Result<http::Response<()>, Failure>> + Clone + Send + 'static,
 {
     BoxCloneService::new(service_fn(move |req: http::Request<()>| {
-        let log = AttemptLog::of(req.extensions()).cloned();
+        let log = AttemptLog::of(&req).cloned();
         let answer = answer.clone();
         async move {
             log.expect("the deadline layer installs a log")
@@ -345,11 +341,9 @@ async fn nested_deadlines_attach_the_log_once_and_keep_the_earliest() {
 #[tokio::test(start_paused = true)]
 async fn typed_chat_requests_work_too() {
     let inner = service_fn(|req: ChatRequest| async move {
-        let remaining = Deadline::remaining_in(&req.extensions).expect("deadline set");
+        let remaining = Deadline::remaining_in(&req).expect("deadline set");
         assert_eq!(remaining, Duration::from_secs(2));
-        AttemptLog::of(&req.extensions)
-            .expect("log")
-            .push(record(1))?;
+        AttemptLog::of(&req).expect("log").push(record(1))?;
         Ok::<_, Failure>(ChatResponse {
             id: "1".into(),
             model: req.model.clone(),

@@ -121,12 +121,13 @@ impl<Req> LinkSpec<Req> {
         self.admit.as_ref().is_none_or(|admit| admit(req))
     }
 
-    /// Puts the link into the request's extensions and applies the rewrite.
+    /// Stores the link in the request's [`Call`](tower_llm_core::Call) and
+    /// applies the rewrite.
     pub(crate) fn prepare(&self, req: &mut Req)
     where
-        Req: tower_llm_core::HasExtensions,
+        Req: tower_llm_core::LlmRequest,
     {
-        self.link.clone().store(req.extensions_mut());
+        self.link.clone().store(req);
         if let Some(rewrite) = &self.rewrite {
             rewrite(req, &self.link);
         }

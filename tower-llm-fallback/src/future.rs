@@ -9,8 +9,8 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 use tower::util::Oneshot;
 use tower_llm_core::{
-    AttemptLog, AttemptOutcome, AttemptRecord, BoxError, CallOwner, Classified, Classify, Deadline,
-    Failure, FailureClass, HasExtensions, NextStep, Outcome, RecordsAttempts, ReplayCopy,
+    AttemptLog, AttemptOutcome, AttemptRecord, BoxError, Call, CallOwner, Classified, Classify,
+    Deadline, Failure, FailureClass, LlmRequest, NextStep, Outcome, RecordsAttempts, Replay,
 };
 
 use crate::LinkService;
@@ -43,7 +43,7 @@ pin_project! {
         chain: Arc<Chain<Req, Res, C>>,
         // A clean copy of the request for the alternates (its per-call
         // state attached when the call first fails over).
-        pristine: Option<ReplayCopy<Req>>,
+        pristine: Option<Replay<Req>>,
         // The link running now, or the last one tried.
         index: usize,
         need: Need,
@@ -78,11 +78,11 @@ impl<PF, Req, Res, C> std::fmt::Debug for ResponseFuture<PF, Req, Res, C> {
     }
 }
 
-impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
+impl<PF, Req: LlmRequest + Clone, Res, C> ResponseFuture<PF, Req, Res, C> {
     fn new(
         state: State<PF, Oneshot<LinkService<Req, Res>, Req>>,
         chain: Arc<Chain<Req, Res, C>>,
-        pristine: Option<ReplayCopy<Req>>,
+        pristine: Option<Replay<Req>>,
         replayable: bool,
         owned: Option<CallOwner>,
     ) -> Self {
@@ -107,7 +107,7 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
     pub(crate) fn primary(
         fut: PF,
         chain: Arc<Chain<Req, Res, C>>,
-        pristine: Option<ReplayCopy<Req>>,
+        pristine: Option<Replay<Req>>,
         owned: Option<CallOwner>,
     ) -> Self {
         Self::new(State::Primary { fut }, chain, pristine, true, owned)
@@ -121,11 +121,11 @@ impl<PF, Req: HasExtensions, Res, C> ResponseFuture<PF, Req, Res, C> {
         replayable: bool,
         owned: Option<CallOwner>,
     ) -> Self {
-        record_skip(AttemptLog::of(req.extensions()), &chain.primary.link);
+        record_skip(AttemptLog::of(&req), &chain.primary.link);
         Self::new(
             State::Next,
             chain,
-            Some(ReplayCopy::whole(req)),
+            Some(Replay::whole(req)),
             replayable,
             owned,
         )
@@ -148,7 +148,7 @@ impl<PF, Req, Res, C, E> Future for ResponseFuture<PF, Req, Res, C>
 where
     PF: Future<Output = Result<Res, E>>,
     E: Into<BoxError> + 'static,
-    Req: Clone + HasExtensions,
+    Req: Clone + LlmRequest,
     Res: RecordsAttempts,
     C: Classify<Res, Failure>,
 {
@@ -183,7 +183,7 @@ where
                     // The record of the link being left, found before any
                     // skip records are added after it.
                     let leaving = this.pristine.as_ref().and_then(|p| {
-                        let log = p.view().log?;
+                        let log = p.call()?.log()?;
                         let from = u8::try_from(*this.index).ok()?;
                         log.last_index_for(from).map(|i| (log.clone(), i))
                     });
@@ -222,9 +222,9 @@ where
                     };
                     let (spec, service) = &this.chain.alternates[j - 1];
                     let req = if *this.replayable {
-                        this.pristine.as_ref().map(ReplayCopy::to_request)
+                        this.pristine.as_ref().map(Replay::to_request)
                     } else {
-                        this.pristine.take().map(ReplayCopy::into_request)
+                        this.pristine.take().map(Replay::into_request)
                     };
                     let Some(mut req) = req else {
                         unreachable_state(&mut this.state);
@@ -316,19 +316,19 @@ fn unreachable_state<PF, AF>(state: &mut Pin<&mut State<PF, AF>>) {
 /// chain must stop.
 fn next_link<Req, Res, C>(
     chain: &Chain<Req, Res, C>,
-    pristine: Option<&ReplayCopy<Req>>,
+    pristine: Option<&Replay<Req>>,
     order: &Order,
     cursor: &mut usize,
     need: Need,
 ) -> Result<Option<usize>, Failure>
 where
-    Req: HasExtensions,
+    Req: LlmRequest + Clone,
 {
     // A request that cannot be replayed goes nowhere else.
     let Some(copy) = pristine else {
         return Ok(None);
     };
-    let call = copy.view();
+    let call = copy.call();
     while let Some(j) = order.get(*cursor) {
         *cursor += 1;
         let Some(spec) = chain.spec(j) else {
@@ -342,14 +342,17 @@ where
         if !fits {
             continue;
         }
-        if !spec.admits(&copy.request) {
-            record_skip(call.log, &spec.link);
+        if !spec.admits(copy.request()) {
+            record_skip(call.and_then(Call::log), &spec.link);
             continue;
         }
-        if call.deadline.is_some_and(Deadline::is_expired) {
+        if call
+            .and_then(Call::deadline)
+            .is_some_and(Deadline::is_expired)
+        {
             return Err(Failure::deadline_exceeded());
         }
-        if call.log.is_some_and(AttemptLog::is_full) {
+        if call.and_then(Call::log).is_some_and(AttemptLog::is_full) {
             return Err(Failure::attempts_cap_exceeded());
         }
         return Ok(Some(j));

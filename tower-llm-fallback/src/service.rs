@@ -1,9 +1,7 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tower_llm_core::{
-    BoxError, Classify, Failure, HasExtensions, RecordsAttempts, enter_replaying, is_not_replayable,
-};
+use tower_llm_core::{BoxError, Classify, Failure, LlmRequest, RecordsAttempts, Replay};
 use tower_service::Service;
 
 use crate::ResponseFuture;
@@ -59,7 +57,7 @@ impl<S, Req, Res, C> Service<Req> for Fallback<S, Req, Res, C>
 where
     S: Service<Req, Response = Res>,
     S::Error: Into<BoxError> + 'static,
-    Req: Clone + HasExtensions + 'static,
+    Req: Clone + LlmRequest + 'static,
     Res: RecordsAttempts + 'static,
     C: Classify<Res, Failure>,
 {
@@ -80,7 +78,7 @@ where
         // every link appends to the same log), and keeps a clean copy for
         // the alternates, unless the request cannot be sent twice.
         let (owned, pristine) =
-            enter_replaying(&mut req, &chain.metrics, !chain.alternates.is_empty());
+            Replay::enter(&mut req, &chain.metrics, !chain.alternates.is_empty());
         let _span = owned.as_ref().map(|o| o.span().enter());
         if chain.primary.admits(&req) {
             chain.primary.prepare(&mut req);
@@ -91,7 +89,7 @@ where
             drop(_span);
             // The request is as the copy is (nothing was prepared).
             drop(pristine);
-            let replayable = !is_not_replayable(req.extensions());
+            let replayable = req.is_replayable();
             ResponseFuture::primary_skipped(chain, req, replayable, owned)
         }
     }

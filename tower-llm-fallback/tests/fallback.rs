@@ -565,7 +565,7 @@ async fn an_admission_rule_sees_the_calls_deadline() {
     let rule = {
         let seen = seen.clone();
         move |req: &ChatRequest| {
-            let left = Deadline::remaining_in(&req.extensions);
+            let left = Deadline::remaining_in(req);
             seen.lock().expect("lock").push(left);
             // A slow link only with more than 20 s to go.
             left.is_some_and(|d| d > Duration::from_secs(20))

@@ -252,7 +252,7 @@ where
                 metric_model: crate::transport::metric_model(&req),
                 max_error_body: config.max_body,
                 timeouts,
-                deadline: tower_llm_core::Deadline::of(&req.extensions),
+                deadline: tower_llm_core::Deadline::of(&req),
                 metrics,
                 error: |parts: &http::response::Parts, body: &[u8]| {
                     decode_error_scrubbed(parts.status, &parts.headers, body, &config.scrub())

@@ -103,9 +103,11 @@ fn futures_body(body: tower_llm_providers::RequestBody) -> Vec<u8> {
 #[test]
 fn data_url_images() {
     let mut req = ChatRequest::new("m", vec![Message::user("what is this?")]);
-    std::sync::Arc::make_mut(&mut req.messages)[0].content.push(ContentPart::ImageUrl {
-        url: "data:image/png;base64,iVBORw0KGgo=".into(),
-    });
+    std::sync::Arc::make_mut(&mut req.messages)[0]
+        .content
+        .push(ContentPart::ImageUrl {
+            url: "data:image/png;base64,iVBORw0KGgo=".into(),
+        });
     let body = anthropic::encode(&req);
     assert_eq!(
         body["messages"][0]["content"][1]["source"],

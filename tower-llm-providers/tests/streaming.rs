@@ -292,7 +292,7 @@ async fn no_first_frame_within_the_first_token_timeout_is_a_timeout() {
 
     // The call's deadline comes first: deadline exceeded at the deadline.
     let mut r = req();
-    Deadline::after(Duration::from_secs(2)).store(&mut r.extensions);
+    Deadline::after(Duration::from_secs(2)).store(&mut r);
     let start = Instant::now();
     let err = t.openai().streaming().oneshot(r).await.unwrap_err();
     assert!(err.is_deadline_exceeded(), "{err:?}");
@@ -328,7 +328,7 @@ async fn the_deadline_bounds_a_committed_stream() {
     steps.push(Step::Stall);
     let t = ScriptedTransport::new(Reply::stream("application/vnd.amazon.eventstream", steps));
     let mut r = req();
-    Deadline::after(Duration::from_secs(3)).store(&mut r.extensions);
+    Deadline::after(Duration::from_secs(3)).store(&mut r);
     let start = Instant::now();
     let stream = bedrock(t).streaming().oneshot(r).await.expect("commits");
     let (chunks, end) = drain(stream).await;
@@ -478,7 +478,7 @@ async fn the_deadline_ends_a_stream_even_while_chunks_keep_coming() {
     let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
     let t = ScriptedTransport::new(Reply::openai_stream(&pieces));
     let mut r = req();
-    Deadline::after(Duration::from_secs(3)).store(&mut r.extensions);
+    Deadline::after(Duration::from_secs(3)).store(&mut r);
     let start = Instant::now();
     let mut stream = t.openai().streaming().oneshot(r).await.expect("commits");
     let mut read = 0;

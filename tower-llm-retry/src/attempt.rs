@@ -10,8 +10,8 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_llm_core::{
-    AttemptLog, AttemptOutcome, AttemptRecord, Bounded, BoxError, CallView, Classify, Deadline,
-    Failure, FailureClass, HasExtensions, Outcome,
+    AttemptLog, AttemptOutcome, AttemptRecord, Bounded, BoxError, Call, Classify, Deadline,
+    Failure, FailureClass, LlmRequest, Outcome,
 };
 use tower_service::Service;
 
@@ -99,7 +99,7 @@ where
     S: Service<Req>,
     S::Error: Into<BoxError> + 'static,
     C: Classify<S::Response, Failure> + Clone,
-    Req: HasExtensions,
+    Req: LlmRequest,
 {
     type Response = S::Response;
     type Error = Failure;
@@ -113,8 +113,8 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let shared = &*self.shared;
         let start = Instant::now();
-        let call = CallView::of(req.extensions());
-        let deadline = call.deadline.map(Deadline::instant);
+        let call = req.call();
+        let deadline = call.and_then(Call::deadline).map(Deadline::instant);
         let timeout_at = start
             .checked_add(shared.attempt_timeout)
             .unwrap_or_else(|| start + Duration::from_secs(86_400 * 365));
@@ -137,8 +137,8 @@ where
             fut.early = Some(Failure::deadline_exceeded());
             return fut;
         }
-        let link = call.link.unwrap_or(&shared.link);
-        let number = call.attempt;
+        let link = call.and_then(Call::link).unwrap_or(&shared.link);
+        let number = call.map_or(1, Call::attempt);
         fut.span = tracing::info_span!(
             "llm.attempt",
             provider = link.provider(),
@@ -148,7 +148,7 @@ where
             outcome = tracing::field::Empty,
             http_status = tracing::field::Empty,
         );
-        if let Some(log) = call.log {
+        if let Some(log) = call.and_then(Call::log) {
             let record = AttemptRecord::new(link, number, AttemptOutcome::InFlight, Duration::ZERO);
             match log.begin(record) {
                 Ok(index) => fut.record = Some((log.clone(), index)),

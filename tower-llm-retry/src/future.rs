@@ -4,10 +4,7 @@ use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
-use tower_llm_core::{
-    BoxError, CallOwner, Classify, Failure, HasExtensions, RecordsAttempts, ReplayCopy,
-    is_not_replayable, replay_copy,
-};
+use tower_llm_core::{BoxError, CallOwner, Classify, Failure, LlmRequest, RecordsAttempts, Replay};
 use tower_service::Service;
 
 use crate::{Attempt, AttemptFuture, RetryPolicy};
@@ -37,7 +34,7 @@ pin_project! {
         #[pin]
         state: State<AttemptFuture<S::Future, C>>,
         // The copy for the next attempt; `None` once it may not be retried.
-        copy: Option<ReplayCopy<Req>>,
+        copy: Option<Replay<Req>>,
         policy: RetryPolicy<C>,
         service: Attempt<S, C>,
         // Set when this layer owns the call (its attempt log, metrics, span).
@@ -57,7 +54,7 @@ impl<S: Service<Req>, C, Req> std::fmt::Debug for ResponseFuture<S, C, Req> {
 impl<S: Service<Req>, C, Req> ResponseFuture<S, C, Req> {
     pub(crate) fn new(
         fut: AttemptFuture<S::Future, C>,
-        copy: Option<ReplayCopy<Req>>,
+        copy: Option<Replay<Req>>,
         policy: RetryPolicy<C>,
         service: Attempt<S, C>,
         owner: Option<CallOwner>,
@@ -78,7 +75,7 @@ where
     S::Error: Into<BoxError> + 'static,
     S::Response: RecordsAttempts,
     C: Classify<S::Response, Failure> + Clone,
-    Req: Clone + HasExtensions,
+    Req: Clone + LlmRequest,
 {
     type Output = Result<S::Response, Failure>;
 
@@ -115,8 +112,7 @@ where
                     };
                     let mut req = copy.into_request();
                     // As tower's loop asks `clone_request` for each copy.
-                    *this.copy =
-                        (!is_not_replayable(req.extensions())).then(|| replay_copy(&mut req));
+                    *this.copy = req.is_replayable().then(|| Replay::of(&mut req));
                     let fut = this.service.call(req);
                     this.state.set(State::Called { fut });
                 }

@@ -6,8 +6,7 @@ use std::time::Duration;
 use tokio::time::Sleep;
 use tower::retry::Policy;
 use tower_llm_core::{
-    CallView, Classify, Failure, FailurePolicy, HasExtensions, Link, NextStep, Outcome, ReplayCopy,
-    RetryStop, is_not_replayable,
+    Call, Classify, Failure, FailurePolicy, Link, LlmRequest, NextStep, Outcome, Replay, RetryStop,
 };
 
 use crate::{Backoff, Budget, RandomSource, RetryBudget, SplitMix64};
@@ -105,10 +104,13 @@ impl<C> RetryPolicy<C> {
 
     /// Marks the record of the attempt just made, if it is the latest one
     /// (an attempt refused by the attempts cap left no record).
-    fn mark(&self, call: &CallView<'_>, f: impl FnOnce(&mut tower_llm_core::AttemptRecord)) {
-        if let Some(log) = call.log {
+    fn mark(&self, call: Option<&Call>, f: impl FnOnce(&mut tower_llm_core::AttemptRecord)) {
+        if let Some(log) = call.and_then(Call::log) {
             let attempt = self.attempts;
-            let position = call.link.unwrap_or(&self.shared.link).position();
+            let position = call
+                .and_then(Call::link)
+                .unwrap_or(&self.shared.link)
+                .position();
             log.update_last(|r| {
                 if r.attempt == attempt && r.fallback_position == position {
                     f(r);
@@ -117,42 +119,38 @@ impl<C> RetryPolicy<C> {
         }
     }
 
-    fn stop(&self, call: &CallView<'_>, why: RetryStop) -> Option<Sleep> {
+    fn stop(&self, call: Option<&Call>, why: RetryStop) -> Option<Sleep> {
         self.mark(call, |r| r.retry_stop = Some(why));
         None
     }
 }
 
 /// The request copy a retry decision is about.
-pub(crate) trait Replay {
-    type Req: HasExtensions;
-    /// The copy's per-call state, read without touching the copy.
-    fn view(&self) -> CallView<'_>;
-    /// The copy, ready to be sent (with its per-call state).
-    fn ready(&mut self) -> &mut Self::Req;
+pub(crate) trait NextCopy {
+    /// The copy's carrier, read without touching the copy.
+    fn call(&self) -> Option<&Call>;
+    /// The copy's carrier, to prepare it for the next attempt.
+    fn call_mut(&mut self) -> &mut Call;
 }
 
 /// A request kept whole (tower's `Retry` keeps its copies so).
 struct Whole<'a, Req>(&'a mut Req);
 
-impl<Req: HasExtensions> Replay for Whole<'_, Req> {
-    type Req = Req;
-    fn view(&self) -> CallView<'_> {
-        CallView::of(self.0.extensions())
+impl<Req: LlmRequest> NextCopy for Whole<'_, Req> {
+    fn call(&self) -> Option<&Call> {
+        self.0.call()
     }
-    fn ready(&mut self) -> &mut Req {
-        self.0
+    fn call_mut(&mut self) -> &mut Call {
+        self.0.call_mut()
     }
 }
 
-impl<Req: HasExtensions> Replay for ReplayCopy<Req> {
-    type Req = Req;
-    fn view(&self) -> CallView<'_> {
-        ReplayCopy::view(self)
+impl<Req: LlmRequest + Clone> NextCopy for Replay<Req> {
+    fn call(&self) -> Option<&Call> {
+        Replay::call(self)
     }
-    fn ready(&mut self) -> &mut Req {
-        self.attach();
-        &mut self.request
+    fn call_mut(&mut self) -> &mut Call {
+        Replay::call_mut(self)
     }
 }
 
@@ -164,7 +162,7 @@ impl<C> RetryPolicy<C> {
     pub(crate) fn decide<Res>(
         &mut self,
         result: &mut Result<Res, Failure>,
-        copy: &mut impl Replay,
+        copy: &mut impl NextCopy,
     ) -> Option<Sleep>
     where
         C: Classify<Res, Failure>,
@@ -178,12 +176,12 @@ impl<C> RetryPolicy<C> {
             Outcome::Success { .. } => return None,
             Outcome::Failure(failed) => failed,
         };
-        let call = copy.view();
+        let call = copy.call();
         if !shared.failures.disposition(&failed).retry {
-            return self.stop(&call, RetryStop::NotRetryable);
+            return self.stop(call, RetryStop::NotRetryable);
         }
         if self.attempts >= shared.max_attempts {
-            return self.stop(&call, RetryStop::AttemptsExhausted);
+            return self.stop(call, RetryStop::AttemptsExhausted);
         }
         // Retry-After is a floor under the schedule, never a shortcut: a
         // `Retry-After: 0` or a past date still waits out the backoff.
@@ -192,26 +190,26 @@ impl<C> RetryPolicy<C> {
             .delay(u32::from(self.attempts - 1), shared.rng.next_fraction());
         let delay = match failed.retry_after {
             Some(wait) if wait > shared.max_retry_after => {
-                return self.stop(&call, RetryStop::RetryAfterTooLong);
+                return self.stop(call, RetryStop::RetryAfterTooLong);
             }
             Some(wait) => wait.max(backoff),
             None => backoff,
         };
-        if let Some(deadline) = call.deadline {
+        if let Some(deadline) = call.and_then(Call::deadline) {
             // The wait and then a useful attempt must fit; timers round up
             // to the next millisecond, so a wait leaves at least that much.
             let attempt = shared.min_attempt.min(shared.attempt_timeout);
             let needed = delay + attempt.max(TIMER_GRANULARITY);
             if needed > deadline.remaining() || delay + TIMER_GRANULARITY >= deadline.remaining() {
-                return self.stop(&call, RetryStop::PastDeadline);
+                return self.stop(call, RetryStop::PastDeadline);
             }
         }
         if !shared.budget.withdraw() {
-            return self.stop(&call, RetryStop::BudgetExhausted);
+            return self.stop(call, RetryStop::BudgetExhausted);
         }
-        self.mark(&call, |r| r.next = NextStep::Retried);
+        self.mark(call, |r| r.next = NextStep::Retried);
         let next = self.attempts.saturating_add(1);
-        tower_llm_core::set_attempt_number(copy.ready().extensions_mut(), next);
+        copy.call_mut().set_attempt(next);
         Some(tokio::time::sleep(delay))
     }
 }
@@ -219,7 +217,7 @@ impl<C> RetryPolicy<C> {
 impl<C, Req, Res> Policy<Req, Res, Failure> for RetryPolicy<C>
 where
     C: Classify<Res, Failure>,
-    Req: Clone + HasExtensions,
+    Req: Clone + LlmRequest,
 {
     type Future = Sleep;
 
@@ -228,7 +226,7 @@ where
     }
 
     fn clone_request(&mut self, req: &Req) -> Option<Req> {
-        if is_not_replayable(req.extensions()) {
+        if !req.is_replayable() {
             return None;
         }
         Some(req.clone())

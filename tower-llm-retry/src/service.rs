@@ -1,8 +1,6 @@
 use std::task::{Context, Poll};
 
-use tower_llm_core::{
-    BoxError, Classify, Failure, HasExtensions, Metrics, RecordsAttempts, enter_replaying,
-};
+use tower_llm_core::{BoxError, Classify, Failure, LlmRequest, Metrics, RecordsAttempts, Replay};
 use tower_service::Service;
 
 use crate::{Attempt, ResponseFuture, RetryPolicy};
@@ -62,7 +60,7 @@ where
     S::Error: Into<BoxError> + 'static,
     S::Response: RecordsAttempts,
     C: Classify<S::Response, Failure> + Clone,
-    Req: Clone + HasExtensions,
+    Req: Clone + LlmRequest,
 {
     type Response = S::Response;
     type Error = Failure;
@@ -75,7 +73,7 @@ where
 
     fn call(&mut self, mut req: Req) -> Self::Future {
         // Before the copy is made, so every copy shares the log.
-        let (owner, copy) = enter_replaying(&mut req, &self.metrics, true);
+        let (owner, copy) = Replay::enter(&mut req, &self.metrics, true);
         let fut = {
             let _span = owner.as_ref().map(|o| o.span().enter());
             self.attempt.call(req)

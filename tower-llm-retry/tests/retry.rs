@@ -352,7 +352,7 @@ async fn the_deadline_ends_an_attempt_as_deadline_exceeded_not_timeout() {
     // No deadline layer: the caller's own deadline is in the extensions.
     let svc = RetryLayer::new().layer(mock.chat());
     let mut r = req();
-    r.extensions.insert(Deadline::after(Duration::from_secs(5)));
+    Deadline::after(Duration::from_secs(5)).store(&mut r);
     let start = Instant::now();
     let err = svc.oneshot(r).await.expect_err("deadline");
     assert!(err.is_deadline_exceeded(), "{err:?}");
@@ -368,7 +368,7 @@ async fn the_deadline_ends_an_attempt_as_deadline_exceeded_not_timeout() {
 async fn a_cancelled_attempt_stays_in_the_log_as_cancelled() {
     let mock = Mock::new(&[Step::Hang]);
     let mut r = req();
-    let log = AttemptLog::install(&mut r.extensions).expect("the test owns the log");
+    let log = AttemptLog::install(&mut r).expect("the test owns the log");
     let call = tokio::spawn(RetryLayer::new().layer(mock.chat()).oneshot(r));
     tokio::time::sleep(Duration::from_secs(3)).await;
     call.abort();
@@ -388,7 +388,7 @@ async fn nothing_starts_after_the_deadline() {
     let mock = Mock::new(&[Step::Ok]);
     let svc = RetryLayer::new().layer(mock.chat());
     let mut r = req();
-    r.extensions.insert(Deadline::after(Duration::ZERO));
+    Deadline::after(Duration::ZERO).store(&mut r);
     let err = svc.oneshot(r).await.expect_err("expired");
     assert!(err.is_deadline_exceeded());
     assert!(mock.calls().is_empty());
@@ -461,7 +461,7 @@ async fn concurrent_calls_keep_their_own_attempt_logs() {
                 .extensions
                 .get::<Seen>()
                 .is_some_and(|s| s.0.swap(true, Ordering::SeqCst));
-            let odd = Link::of(&req.extensions).is_some_and(|l| l.position() % 2 == 1);
+            let odd = Link::of(&req).is_some_and(|l| l.position() % 2 == 1);
             if first && odd {
                 flaky_calls.fetch_add(1, Ordering::SeqCst);
             }
@@ -485,8 +485,9 @@ async fn concurrent_calls_keep_their_own_attempt_logs() {
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..100u8 {
         let mut r = req();
-        r.extensions
-            .insert(Link::new(format!("p{i}"), "m").with_position(i));
+        Link::new(format!("p{i}"), "m")
+            .with_position(i)
+            .store(&mut r);
         r.extensions.insert(Seen(Arc::new(AtomicBool::new(false))));
         let svc = svc.clone();
         tasks.spawn(async move { (i, svc.oneshot(r).await) });
@@ -581,7 +582,7 @@ async fn polling_a_finished_call_again_sends_nothing_more() {
 async fn a_full_attempt_log_stops_before_calling() {
     let mock = Mock::new(&[Step::Ok]);
     let mut r = req();
-    let log = AttemptLog::install(&mut r.extensions).expect("owner");
+    let log = AttemptLog::install(&mut r).expect("owner");
     for n in 1..=16 {
         log.push(AttemptRecord::new(
             &Link::new("earlier", "m"),
