@@ -59,3 +59,44 @@ async fn a_50_ms_429_hold_never_turns_a_healthy_link_into_a_one_probe_link() {
     assert_eq!(circuits[0].state, CircuitState::Closed);
     assert_eq!(circuits[0].retry_after, None);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_2_s_429_hold_delays_the_callers_on_a_single_link_route_and_fails_none() {
+    // A hold above the 1 s threshold: callers that arrive during it wait
+    // it out (their deadline allows) instead of failing fast.
+    let server = MockServer::start(Reply::openai_text("ok").after(Duration::from_millis(500)))
+        .await
+        .expect("server");
+    server.push(
+        Reply::openai_error(429, "requests", "Rate limit reached").with_header("retry-after", "2"),
+    );
+    let breaker = BreakerLayer::new();
+    let handle = breaker.handle();
+    let provider = OpenAi::new(
+        client_with_connect_timeout(Duration::from_secs(5)),
+        OpenAiConfig::new(ApiKey::new("k")).with_base_url(&server.url()),
+    );
+    let svc = ServiceBuilder::new()
+        .llm_deadline(Duration::from_secs(30))
+        .llm_retry(RetryLayer::new().with_rng(FixedFraction(0.5)))
+        .llm_breaker(breaker)
+        .service(provider);
+    let started = tokio::time::Instant::now();
+    let first = tokio::spawn(svc.clone().oneshot(req()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let rest: Vec<_> = (0..9)
+        .map(|_| tokio::spawn(svc.clone().oneshot(req())))
+        .collect();
+    assert_eq!(first.await.expect("task").expect("first").text(), "ok");
+    for call in rest {
+        let answer = call.await.expect("task").expect("every caller succeeds");
+        assert_eq!(answer.text(), "ok");
+        // Held, then retried once the hold ended: two attempts, the first
+        // refused by the hold without reaching the provider.
+        assert_eq!(answer.attempts.len(), 2);
+    }
+    // Nobody reached the provider during the hold: the 429 and ten answers.
+    assert_eq!(server.received().len(), 11);
+    assert!(started.elapsed() >= Duration::from_millis(2_500));
+    assert_eq!(handle.snapshot()[0].state, CircuitState::Closed);
+}

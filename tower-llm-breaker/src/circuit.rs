@@ -142,6 +142,17 @@ pub struct CircuitSnapshot {
 }
 
 /// What a finished call means to the circuit.
+/// Why an attempt was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// The circuit is open (or half-open with its probes out, or isolated):
+    /// fail fast, with the rest of the cooldown if known.
+    Open(Option<Duration>),
+    /// A closed circuit held by a 429's `Retry-After` for this much longer:
+    /// the attempt is only delayed, not a sign the provider is down.
+    Held(Duration),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
     /// Success: closes a half-open circuit, resets the failure count.
@@ -372,22 +383,25 @@ impl Circuit {
     pub(crate) fn admit(
         &self,
         cfg: &BreakerConfig,
-    ) -> (Result<Admission, Option<Duration>>, Option<Transition>) {
+    ) -> (Result<Admission, Refusal>, Option<Transition>) {
         let generation = self.generation.load(Ordering::Acquire);
         let state = self.state.load(Ordering::Acquire);
         if state == ISOLATED {
-            return (Err(None), None);
+            return (Err(Refusal::Open(None)), None);
         }
         // A rate-limit hold: no new attempt until it ends, whatever the
         // state (one atomic load when there is none).
         if self.held_until.load(Ordering::Acquire) != 0 {
             let now = Instant::now();
             if let Some(held) = self.held_for(now) {
-                let open = match state {
-                    OPEN => self.open_until().saturating_duration_since(now),
-                    _ => Duration::ZERO,
+                let refusal = match state {
+                    OPEN => {
+                        let open = self.open_until().saturating_duration_since(now);
+                        Refusal::Open(Some(held.max(open)))
+                    }
+                    _ => Refusal::Held(held),
                 };
-                return (Err(Some(held.max(open))), None);
+                return (Err(refusal), None);
             }
         }
         match state {
@@ -396,7 +410,7 @@ impl Circuit {
                 let until = self.open_until();
                 let now = Instant::now();
                 if now < until {
-                    return (Err(Some(until - now)), None);
+                    return (Err(Refusal::Open(Some(until - now))), None);
                 }
             }
             _ => {}
@@ -409,11 +423,11 @@ impl Circuit {
                 let generation = self.generation.load(Ordering::Acquire);
                 return (Ok(Admission::Normal { generation }), None);
             }
-            ISOLATED => return (Err(None), None),
+            ISOLATED => return (Err(Refusal::Open(None)), None),
             OPEN => {
                 let until = self.open_until();
                 if now < until {
-                    return (Err(Some(until - now)), None);
+                    return (Err(Refusal::Open(Some(until - now))), None);
                 }
                 transition = Some(self.set_half_open(&mut slow, now));
             }
@@ -435,7 +449,7 @@ impl Circuit {
             let epoch = slow.probe_epoch;
             (Ok(Admission::Probe { generation, epoch }), transition)
         } else {
-            (Err(None), transition)
+            (Err(Refusal::Open(None)), transition)
         }
     }
 

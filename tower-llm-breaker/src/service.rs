@@ -8,6 +8,7 @@ use tower_llm_core::{
 };
 use tower_service::Service;
 
+use crate::circuit::Refusal;
 use crate::future::{Guard, OwnRecord};
 use crate::{BreakerLayer, Circuit, KeyFn, ResponseFuture};
 
@@ -130,19 +131,31 @@ where
         let (admission, transition) = circuit.admit(&shared.config);
         crate::layer::announce(shared.observer.as_ref(), transition.as_ref());
         match admission {
-            Err(retry_after) => {
+            Err(refusal) => {
                 let key = circuit.key();
-                tracing::debug!(
-                    provider = key.provider(),
-                    model = key.model(),
-                    retry_after_ms = retry_after.map(|d| d.as_millis()),
-                    "circuit open: call refused"
-                );
-                let mut failure = Failure::circuit_open(retry_after);
+                let mut failure = match refusal {
+                    Refusal::Open(retry_after) => {
+                        tracing::debug!(
+                            provider = key.provider(),
+                            model = key.model(),
+                            retry_after_ms = retry_after.map(|d| d.as_millis()),
+                            "circuit open: call refused"
+                        );
+                        Failure::circuit_open(retry_after)
+                    }
+                    // A hold only delays: a rate-limited failure with the
+                    // rest of the hold, which the retry layer waits out when
+                    // the deadline allows (and the fallback layer otherwise
+                    // fails over from, as from any 429).
+                    Refusal::Held(rest) => Failure::new(FailureClass::RateLimited)
+                        .with_retry_after(rest)
+                        .with_message("held by the provider's Retry-After"),
+                };
                 failure.set_origin_if_unset(key.provider_arc().clone(), key.model_arc().clone());
+                let class = failure.class();
                 if let Some(own) = own {
                     own.log.finish(own.index, |r| {
-                        r.outcome = AttemptOutcome::Failed(FailureClass::CircuitOpen);
+                        r.outcome = AttemptOutcome::Failed(class);
                     });
                 }
                 ResponseFuture::refused(failure)

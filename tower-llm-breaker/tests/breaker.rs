@@ -535,12 +535,13 @@ async fn a_long_429_hold_refuses_new_attempts_then_admits_every_caller() {
     assert_eq!(snap.consecutive_failures, 0);
     assert_eq!(snap.retry_after, Some(Duration::from_secs(5)));
 
-    // Until the hold ends, new attempts are refused; the provider is not
-    // called.
+    // Until the hold ends, new attempts are refused as rate-limited with
+    // the rest of the hold (a retry layer outside waits it out; the circuit
+    // is not open); the provider is not called.
     provider.set(Answer::HangThen(1_000, true));
     tokio::time::advance(Duration::from_millis(4_999)).await;
     let err = svc.clone().oneshot(req()).await.expect_err("held");
-    assert!(err.is_circuit_open());
+    assert!(err.is_rate_limited() && !err.is_circuit_open());
     assert_eq!(err.retry_after(), Some(Duration::from_millis(1)));
     assert_eq!(provider.calls(), 1);
 
