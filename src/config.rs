@@ -169,9 +169,11 @@ pub struct RetryPolicy {
     /// `"full"`, `"none"` (default 0.2).
     pub jitter: JitterSpec,
     /// `min_attempt_ms`: a retry starts only if its wait plus this much
-    /// still fits before the deadline (default 1,000; see
-    /// [`RetryLayer::with_min_attempt`]).
-    pub min_attempt_ms: u64,
+    /// still fits before the deadline (default 1,000, or a quarter of
+    /// `deadline.total_ms` if that is less, so a short deadline still
+    /// leaves room for retries; see [`RetryLayer::with_min_attempt`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_attempt_ms: Option<u64>,
 }
 
 impl Default for RetryPolicy {
@@ -183,7 +185,7 @@ impl Default for RetryPolicy {
             factor: 4.0,
             max_ms: None,
             jitter: JitterSpec::Fraction(0.2),
-            min_attempt_ms: 1_000,
+            min_attempt_ms: None,
         }
     }
 }
@@ -643,6 +645,13 @@ impl Policy {
             )),
             _ => {}
         }
+        if let (Some(min), Some(total)) = (r.min_attempt_ms, self.deadline.total_ms) {
+            if min >= total {
+                p.push(format!(
+                    "retry.min_attempt_ms ({min}) leaves no room for a retry within deadline.total_ms ({total})"
+                ));
+            }
+        }
         if r.base_ms() > r.max_ms() {
             p.push(format!(
                 "retry.base_ms ({}) is above retry.max_ms ({})",
@@ -737,6 +746,14 @@ impl Policy {
         }
     }
 
+    /// `retry.min_attempt_ms`, or its default: 1,000, or a quarter of the
+    /// call's deadline if that is less.
+    pub fn min_attempt_ms(&self) -> u64 {
+        self.retry
+            .min_attempt_ms
+            .unwrap_or_else(|| 1_000.min(self.deadline.total_ms() / 4))
+    }
+
     /// The route for the alias `model`.
     pub fn route(&self, model: &str) -> Option<&RouteConfig> {
         self.routes.iter().find(|r| r.model == model)
@@ -762,7 +779,7 @@ impl Policy {
         Ok(RetryLayer::new()
             .with_max_attempts(self.retry.max_attempts)
             .with_attempt_timeout(Duration::from_millis(self.retry.attempt_timeout_ms()))
-            .with_min_attempt(Duration::from_millis(self.retry.min_attempt_ms))
+            .with_min_attempt(Duration::from_millis(self.min_attempt_ms()))
             .with_backoff(backoff))
     }
 
@@ -1033,10 +1050,23 @@ mod tests {
             "[retry]\nmin_attempt_ms = 500\n[breaker]\ncount = \"calls\"\n{GOOD}"
         ))
         .expect("valid");
-        assert_eq!(p.retry.min_attempt_ms, 500);
+        assert_eq!(p.retry.min_attempt_ms, Some(500));
+        assert_eq!(p.min_attempt_ms(), 500);
         assert_eq!(p.breaker.config().count, BreakerCount::Calls);
         let defaults = Policy::from_toml(GOOD).expect("valid");
-        assert_eq!(defaults.retry.min_attempt_ms, 1_000);
+        assert_eq!(defaults.min_attempt_ms(), 1_000);
+        // A short deadline scales the default down.
+        let short =
+            Policy::from_toml(&format!("[deadline]\ntotal_ms = 1200\n{GOOD}")).expect("valid");
+        assert_eq!(short.min_attempt_ms(), 300);
+        assert_eq!(
+            problems(&format!(
+                "[deadline]\ntotal_ms = 1000\n[retry]\nmin_attempt_ms = 1000\n{GOOD}"
+            )),
+            [
+                "retry.min_attempt_ms (1000) leaves no room for a retry within deadline.total_ms (1000)"
+            ]
+        );
         assert_eq!(defaults.breaker.config().count, BreakerCount::Attempts);
         assert!(!problems(&format!("[breaker]\ncount = \"tries\"\n{GOOD}")).is_empty());
     }

@@ -163,6 +163,8 @@ impl BreakerConfig {
         retry_after
             .filter(|h| self.rate_limit_hold && *h >= self.min_rate_limit_hold)
             .map(|h| h.min(self.max_rate_limit_hold))
+            // A zero hold holds nothing: that 429 is an ordinary failure.
+            .filter(|h| !h.is_zero())
     }
 
     /// Checks the settings.
@@ -184,6 +186,11 @@ impl BreakerConfig {
         }
         if self.min_rate_limit_hold > self.max_rate_limit_hold {
             return Err("min_rate_limit_hold_ms must not be above max_rate_limit_hold_ms".into());
+        }
+        if self.rate_limit_hold && self.max_rate_limit_hold.is_zero() {
+            return Err(
+                "max_rate_limit_hold_ms must be above zero while rate_limit_hold is on".into(),
+            );
         }
         if let Some(r) = self.failure_ratio {
             if !(r.ratio > 0.0 && r.ratio <= 1.0) {
@@ -258,6 +265,23 @@ mod tests {
         assert!(
             bad(|c| c.min_rate_limit_hold = Duration::from_secs(301))
                 .contains("min_rate_limit_hold_ms")
+        );
+        assert!(
+            bad(|c| {
+                c.min_rate_limit_hold = Duration::ZERO;
+                c.max_rate_limit_hold = Duration::ZERO;
+            })
+            .contains("max_rate_limit_hold_ms")
+        );
+        // Holds on from 0 s: a `Retry-After: 0` still holds nothing.
+        let from_zero = BreakerConfig {
+            min_rate_limit_hold: Duration::ZERO,
+            ..BreakerConfig::default()
+        };
+        assert_eq!(from_zero.hold_for(Some(Duration::ZERO)), None);
+        assert_eq!(
+            from_zero.hold_for(Some(Duration::from_millis(50))),
+            Some(Duration::from_millis(50))
         );
         assert!(BreakerConfig::default().validate().is_ok());
     }

@@ -62,13 +62,10 @@ impl Scrub {
     /// Removes each of `secrets` (those of at least 4 bytes: shorter ones
     /// would mangle ordinary words).
     pub(crate) fn new<'a>(secrets: impl IntoIterator<Item = &'a str>) -> Self {
-        Scrub(
-            secrets
-                .into_iter()
-                .filter(|s| s.len() >= 4)
-                .map(ApiKey::new)
-                .collect(),
-        )
+        let mut secrets: Vec<&str> = secrets.into_iter().filter(|s| s.len() >= 4).collect();
+        // Longest first: a secret that contains another is removed whole.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        Scrub(secrets.into_iter().map(ApiKey::new).collect())
     }
 
     /// Removes nothing.
@@ -94,5 +91,17 @@ impl Scrub {
 impl fmt::Debug for Scrub {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Scrub([redacted; {}])", self.0.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_that_contains_another_is_removed_whole() {
+        let scrub = Scrub::new(["sk-abc", "sk-abc-def-123"]);
+        let text = scrub.message("echo: sk-abc-def-123 and sk-abc");
+        assert_eq!(text, "echo: [redacted] and [redacted]");
     }
 }

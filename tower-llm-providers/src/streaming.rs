@@ -560,8 +560,10 @@ where
     ) -> Poll<Option<Result<ChatChunk, Failure>>> {
         if let Some(body) = self.body.take() {
             let now = Instant::now();
+            // The drain never outlives the idle timeout, the deadline, or
+            // DRAIN_TIME, whichever comes first.
             let mut until = now
-                .checked_add(self.idle)
+                .checked_add(self.idle.min(DRAIN_TIME))
                 .unwrap_or_else(|| far_future(now));
             if let Some(deadline) = self.deadline {
                 until = until.min(deadline);
@@ -647,6 +649,9 @@ impl<B: Body<Data = Bytes>> Future for Drain<B> {
 /// The most read after a stream's terminator to let its connection be
 /// reused (64 KiB); more, and the connection is closed instead.
 const DRAIN_LIMIT: usize = 64 * 1024;
+
+/// The longest the rest of a finished stream's body is read for.
+const DRAIN_TIME: Duration = Duration::from_secs(5);
 
 /// "Never" for a timeout too large for the clock: about 30 years.
 fn far_future(now: Instant) -> Instant {
