@@ -321,6 +321,28 @@ async fn counting_calls_timeouts_count_once_per_call() {
     assert_eq!(handle.snapshot()[0].state, CircuitState::Open);
 }
 
+/// Counting calls: a held 429 counts nothing, so it must not mute the
+/// same call's next failure on the link (the mark is set when a failure
+/// is actually counted, not guessed from the log).
+#[tokio::test(start_paused = true)]
+async fn counting_calls_a_held_429_does_not_mute_the_next_failure() {
+    let t = ScriptedTransport::new(Reply::openai_error(503, "server_error", "down"));
+    t.push(
+        Reply::openai_error(429, "rate_limit_exceeded", "slow down").with_header("retry-after", "2"),
+    );
+    let breaker = BreakerLayer::new()
+        .with_config(threshold(1))
+        .expect("config")
+        .with_count(BreakerCount::Calls);
+    let handle = breaker.handle();
+    let svc = counted_stack(&t, breaker, Duration::from_secs(5));
+    let err = svc.oneshot(req()).await.expect_err("503 after the hold");
+    assert!(err.is_circuit_open() || err.is_transient(), "{err:?}");
+    // The 429, then the 503 once the hold ended: the 503 counted.
+    assert_eq!(t.received().len(), 2);
+    assert_eq!(handle.snapshot()[0].state, CircuitState::Open);
+}
+
 /// Row 7: OpenAI's content-filter error is a failure (`content_filtered`)
 /// that never fails over by default, and fails over, opt-in, only to a
 /// link marked `allows_filtered_content()`.

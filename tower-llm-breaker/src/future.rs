@@ -6,8 +6,7 @@ use std::task::{Context, Poll, ready};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_llm_core::{
-    AttemptLog, AttemptOutcome, BoxError, Classify, Failure, FailureClass, FailurePolicy, NextStep,
-    Outcome,
+    AttemptLog, AttemptOutcome, BoxError, Classify, Failure, FailureClass, FailurePolicy, Outcome,
 };
 
 use crate::circuit::{Admission, Circuit, Verdict};
@@ -126,25 +125,19 @@ impl<C> Guard<C> {
         }
     }
 
-    /// Counting calls: this call has already counted a failure on this
-    /// link (an earlier attempt on it failed with a tripping class and
-    /// was retried), so another failure of the same call counts nothing.
-    fn counted_before(&self) -> bool {
+    /// Whether a failure of this attempt counts: always when counting
+    /// attempts; when counting calls, only the call's first failure on
+    /// this link actually counted (marked in the call's shared attempt
+    /// log at the moment it is counted, so a held 429 or an outcome that
+    /// counted nothing never mutes a later failure).
+    fn counts_failure(&self) -> bool {
         if self.config.count != BreakerCount::Calls {
-            return false;
+            return true;
         }
-        let Some((log, index)) = &self.attempt else {
-            return false;
-        };
-        let records = log.snapshot();
-        let Some(this) = records.get(*index) else {
-            return false;
-        };
-        records[..*index].iter().any(|r| {
-            r.fallback_position == this.fallback_position
-                && r.next == NextStep::Retried
-                && matches!(r.outcome, AttemptOutcome::Failed(c) if self.failures.get(c).trip_breaker)
-        })
+        match &self.attempt {
+            Some((log, index)) => log.count_failure_once(*index),
+            None => true,
+        }
     }
 }
 
@@ -161,7 +154,7 @@ impl<C> Drop for Guard<C> {
         // a hung provider must count against its circuit.
         let timed_out = self.attempt.as_ref().is_some_and(|(log, index)| {
             log.outcome_at(*index) == Some(AttemptOutcome::Failed(FailureClass::Timeout))
-                && !self.counted_before()
+                && self.counts_failure()
         });
         if timed_out {
             let transition = self
@@ -228,7 +221,7 @@ where
                 own.finish(&outcome, &mut result);
             }
             let mut verdict = guard.verdict(&outcome);
-            if matches!(verdict, Verdict::Failure) && guard.counted_before() {
+            if matches!(verdict, Verdict::Failure) && !guard.counts_failure() {
                 verdict = Verdict::Neutral;
             }
             guard.record(verdict);

@@ -312,7 +312,15 @@ impl AttemptRecord {
 /// ```
 #[derive(Debug, Clone)]
 pub struct AttemptLog {
-    records: Arc<Mutex<Vec<AttemptRecord>>>,
+    inner: Arc<Mutex<LogInner>>,
+}
+
+#[derive(Debug)]
+struct LogInner {
+    records: Vec<AttemptRecord>,
+    /// Fallback positions (bit n: position n) whose breaker has counted a
+    /// failure of this call (see [`AttemptLog::count_failure_once`]).
+    counted: u64,
 }
 
 impl AttemptLog {
@@ -321,7 +329,10 @@ impl AttemptLog {
     /// attempts allocates nothing on the request path.
     pub fn new() -> Self {
         AttemptLog {
-            records: Arc::new(Mutex::new(Vec::with_capacity(Self::INITIAL_CAPACITY))),
+            inner: Arc::new(Mutex::new(LogInner {
+                records: Vec::with_capacity(Self::INITIAL_CAPACITY),
+                counted: 0,
+            })),
         }
     }
 
@@ -342,16 +353,35 @@ impl AttemptLog {
         req.call().and_then(Call::log)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<AttemptRecord>> {
+    fn lock(&self) -> MutexGuard<'_, LogInner> {
         // A panic elsewhere while holding the lock leaves a valid Vec.
-        self.records.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// For a breaker that counts one outcome per logical call per link
+    /// (`count = "calls"`): marks the link of record `index` as having
+    /// counted a failure of this call. `true` the first time for that link,
+    /// `false` after (and always `true` for a position past 63, or an index
+    /// with no record).
+    pub fn count_failure_once(&self, index: usize) -> bool {
+        let mut inner = self.lock();
+        let Some(position) = inner.records.get(index).map(|r| r.fallback_position) else {
+            return true;
+        };
+        let Some(bit) = 1_u64.checked_shl(u32::from(position)) else {
+            return true;
+        };
+        let first = inner.counted & bit == 0;
+        inner.counted |= bit;
+        first
     }
 
     /// Appends a record. The [`MAX_ATTEMPTS_PER_CALL`]+1-th record is refused
     /// with [`Failure::attempts_cap_exceeded`]; a layer that sees this error
     /// must stop making attempts and return it.
     pub fn push(&self, record: AttemptRecord) -> Result<(), Failure> {
-        let mut records = self.lock();
+        let mut inner = self.lock();
+        let records = &mut inner.records;
         if records.len() >= MAX_ATTEMPTS_PER_CALL {
             return Err(Failure::attempts_cap_exceeded());
         }
@@ -365,7 +395,8 @@ impl AttemptLog {
     /// the attempt must not be made). The record stands as given until
     /// finished, so an attempt cut short still shows in the log.
     pub fn begin(&self, record: AttemptRecord) -> Result<usize, Failure> {
-        let mut records = self.lock();
+        let mut inner = self.lock();
+        let records = &mut inner.records;
         if records.len() >= MAX_ATTEMPTS_PER_CALL {
             return Err(Failure::attempts_cap_exceeded());
         }
@@ -376,7 +407,7 @@ impl AttemptLog {
     /// Completes the record reserved by [`begin`](Self::begin). Does
     /// nothing if the log was taken in between.
     pub fn finish(&self, index: usize, f: impl FnOnce(&mut AttemptRecord)) {
-        if let Some(r) = self.lock().get_mut(index) {
+        if let Some(r) = self.lock().records.get_mut(index) {
             f(r);
         }
     }
@@ -384,14 +415,14 @@ impl AttemptLog {
     /// `true` once [`MAX_ATTEMPTS_PER_CALL`] records are in: a layer must
     /// not start another attempt.
     pub fn is_full(&self) -> bool {
-        self.lock().len() >= MAX_ATTEMPTS_PER_CALL
+        self.lock().records.len() >= MAX_ATTEMPTS_PER_CALL
     }
 
     /// Changes the latest record in place (for example, the retry layer
     /// marks it [`NextStep::Retried`], the fallback layer
     /// [`NextStep::FailedOver`]). Returns `false` when the log is empty.
     pub fn update_last(&self, f: impl FnOnce(&mut AttemptRecord)) -> bool {
-        match self.lock().last_mut() {
+        match self.lock().records.last_mut() {
             Some(r) => {
                 f(r);
                 true
@@ -409,7 +440,8 @@ impl AttemptLog {
     /// a layer inside the attempt (a circuit breaker) notes it at call
     /// time to read the attempt's outcome later with [`outcome_at`](Self::outcome_at).
     pub fn in_flight(&self) -> Option<usize> {
-        let records = self.lock();
+        let inner = self.lock();
+        let records = &inner.records;
         match records.last() {
             Some(r) if r.outcome == AttemptOutcome::InFlight => Some(records.len() - 1),
             _ => None,
@@ -419,34 +451,34 @@ impl AttemptLog {
     /// The index of the latest record made by the link at fallback
     /// `position` (skip records excluded).
     pub fn last_index_for(&self, position: u8) -> Option<usize> {
-        self.lock().iter().rposition(|r| {
+        self.lock().records.iter().rposition(|r| {
             r.fallback_position == position && r.outcome != AttemptOutcome::SkippedByPolicy
         })
     }
 
     /// The outcome of record `index`, if there is one.
     pub fn outcome_at(&self, index: usize) -> Option<AttemptOutcome> {
-        self.lock().get(index).map(|r| r.outcome)
+        self.lock().records.get(index).map(|r| r.outcome)
     }
 
     /// Number of records so far.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().records.len()
     }
 
     /// `true` when nothing has been recorded.
     pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        self.lock().records.is_empty()
     }
 
     /// A copy of the records so far.
     pub fn snapshot(&self) -> Vec<AttemptRecord> {
-        self.lock().clone()
+        self.lock().records.clone()
     }
 
     /// Takes the records out, leaving the log empty.
     pub fn take(&self) -> Vec<AttemptRecord> {
-        std::mem::take(&mut *self.lock())
+        std::mem::take(&mut self.lock().records)
     }
 
     /// For the log's owner when the call ends: takes the records and
