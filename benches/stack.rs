@@ -58,25 +58,7 @@ fn tower_peer() -> impl Service<Req, Response = Res, Error = tower::BoxError> + 
 }
 
 fn resilience_peer() -> impl Service<Req, Response = Res> + Clone + Send + 'static {
-    let breaker = tower_resilience_circuitbreaker::CircuitBreakerLayer::builder()
-        .failure_rate_threshold(0.5)
-        .sliding_window_size(100)
-        .wait_duration_in_open(Duration::from_secs(30))
-        .build()
-        .expect("valid breaker config");
-    let retry = tower_resilience_retry::RetryLayer::<
-        Req,
-        Res,
-        tower_resilience_circuitbreaker::CircuitBreakerError<Failure>,
-    >::builder()
-    .max_attempts(3)
-    .exponential_backoff(Duration::from_millis(200))
-    .build();
-    let limiter = tower_resilience_timelimiter::TimeLimiterLayer::builder()
-        .timeout_duration(Duration::from_secs(30))
-        .cancel_running_future(true)
-        .build();
-    limiter.layer(retry.layer(breaker.layer(bare())))
+    support::resilience_stack!(bare(), Req, Res)
 }
 
 const TASKS: usize = 64;

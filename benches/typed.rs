@@ -29,7 +29,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
-use tower::{Layer, Service, ServiceBuilder};
+use tower::{Service, ServiceBuilder};
 use tower_llm::breaker::BreakerLayer;
 use tower_llm::deadline::DeadlineLayer;
 use tower_llm::fallback::{FallbackLayer, LinkSpec};
@@ -136,25 +136,7 @@ fn tower_peer() -> impl Service<ChatRequest, Response = ChatResponse> {
 }
 
 fn resilience_peer() -> impl Service<ChatRequest, Response = ChatResponse> {
-    let breaker = tower_resilience_circuitbreaker::CircuitBreakerLayer::builder()
-        .failure_rate_threshold(0.5)
-        .sliding_window_size(100)
-        .wait_duration_in_open(Duration::from_secs(30))
-        .build()
-        .expect("valid breaker config");
-    let retry = tower_resilience_retry::RetryLayer::<
-        ChatRequest,
-        ChatResponse,
-        tower_resilience_circuitbreaker::CircuitBreakerError<Failure>,
-    >::builder()
-    .max_attempts(3)
-    .exponential_backoff(Duration::from_millis(200))
-    .build();
-    let limiter = tower_resilience_timelimiter::TimeLimiterLayer::builder()
-        .timeout_duration(Duration::from_secs(30))
-        .cancel_running_future(true)
-        .build();
-    limiter.layer(retry.layer(breaker.layer(bare())))
+    support::resilience_stack!(bare(), ChatRequest, ChatResponse)
 }
 
 /// One call with a clone of `req`: readiness, then the response future

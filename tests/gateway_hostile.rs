@@ -458,8 +458,16 @@ fn write_file(path: &std::path::Path, text: &str, n: u64) {
         .expect("set mtime");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_truncated_policy_file_during_a_reload_under_load_drops_no_call() {
+/// A gateway watching its policy file (the full chain written), the file,
+/// its full text and a backup-only variant of it.
+struct Watching {
+    h: Arc<Harness>,
+    path: std::path::PathBuf,
+    full: String,
+    backup_only: String,
+}
+
+async fn watching(name: &str) -> Watching {
     let h = Arc::new(
         start(
             Reply::openai_text("primary"),
@@ -469,7 +477,7 @@ async fn a_truncated_policy_file_during_a_reload_under_load_drops_no_call() {
         .await,
     );
     let path = std::env::temp_dir().join(format!(
-        "tower-llm-hostile-reload-{}.toml",
+        "tower-llm-hostile-{name}-{}.toml",
         std::process::id()
     ));
     let full = policy_text(&h.primary, &h.backup, "", FULL_CHAIN);
@@ -481,21 +489,48 @@ async fn a_truncated_policy_file_during_a_reload_under_load_drops_no_call() {
     );
     write_file(&path, &full, 0);
     tokio::spawn(app::reload_on_change(h.gateway.clone(), path.clone()));
-    // Load: four clients, a call every 20 ms each, for 12 s.
-    let load: Vec<_> = (0..4)
+    Watching {
+        h,
+        path,
+        full,
+        backup_only,
+    }
+}
+
+/// `clients` clients each calling every 20 ms for `secs`: per call, its
+/// status and the provider that served it.
+fn load(
+    h: &Arc<Harness>,
+    clients: usize,
+    secs: u64,
+) -> Vec<tokio::task::JoinHandle<Vec<(u16, String)>>> {
+    (0..clients)
         .map(|_| {
             let h = h.clone();
             tokio::spawn(async move {
-                let mut statuses = Vec::new();
-                let until = Instant::now() + Duration::from_secs(12);
+                let mut calls = Vec::new();
+                let until = Instant::now() + Duration::from_secs(secs);
                 while Instant::now() < until {
-                    statuses.push(h.chat(HELLO).await.status);
+                    let a = h.chat(HELLO).await;
+                    calls.push((a.status, a.header("x-llm-provider").to_owned()));
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                statuses
+                calls
             })
         })
-        .collect();
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_truncated_policy_file_during_a_reload_under_load_drops_no_call() {
+    let Watching {
+        h,
+        path,
+        full,
+        backup_only,
+    } = watching("reload").await;
+    // Load: four clients, a call every 20 ms each, for 12 s.
+    let load = load(&h, 4, 12);
     // A writer that truncates, pauses, then rewrites; twice. Then a file
     // with no routes at all, left in place.
     let mut n = 0;
@@ -512,7 +547,7 @@ async fn a_truncated_policy_file_during_a_reload_under_load_drops_no_call() {
     write_file(&path, "[deadline]\ntotal_ms = 1000\n", n + 1);
     let mut calls = 0;
     for task in load {
-        let statuses = task.await.expect("task");
+        let statuses: Vec<u16> = task.await.expect("task").into_iter().map(|c| c.0).collect();
         calls += statuses.len();
         let failed: Vec<_> = statuses.iter().filter(|s| **s != 200).collect();
         assert!(
@@ -568,42 +603,15 @@ async fn shutdown_stops_accepting_and_lets_the_call_in_flight_finish() {
 
 #[tokio::test(start_paused = true)]
 async fn a_file_still_being_written_is_read_only_once_it_settles() {
-    let h = Arc::new(
-        start(
-            Reply::openai_text("primary"),
-            Reply::anthropic_text("backup"),
-            "",
-        )
-        .await,
-    );
-    let path = std::env::temp_dir().join(format!(
-        "tower-llm-hostile-settle-{}.toml",
-        std::process::id()
-    ));
-    let full = policy_text(&h.primary, &h.backup, "", FULL_CHAIN);
-    // A valid file a writer passes through on its way to `full` (it must
-    // never be served).
-    let midway = policy_text(
-        &h.primary,
-        &h.backup,
-        "",
-        r#"[{ provider = "backup", model = "claude-x" }]"#,
-    );
-    write_file(&path, &full, 0);
-    tokio::spawn(app::reload_on_change(h.gateway.clone(), path.clone()));
-    let load = {
-        let h = h.clone();
-        tokio::spawn(async move {
-            let mut served = Vec::new();
-            let until = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < until {
-                let a = h.chat(HELLO).await;
-                served.push(a.header("x-llm-provider").to_owned());
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            served
-        })
-    };
+    // A valid file a writer passes through on its way to `full` (the
+    // backup-only one: it must never be served).
+    let Watching {
+        h,
+        path,
+        full,
+        backup_only: midway,
+    } = watching("settle").await;
+    let mut load = load(&h, 1, 5);
     // The watcher looks every second (at 0, 1, 2 ... s): the midway file
     // is on disk when it looks at 2 s, and replaced 100 ms later.
     tokio::time::sleep(Duration::from_millis(1900)).await;
@@ -614,7 +622,14 @@ async fn a_file_still_being_written_is_read_only_once_it_settles() {
         &full.replace("total_ms = 2000", "total_ms = 2500"),
         2,
     );
-    let served = load.await.expect("task");
+    let served: Vec<String> = load
+        .pop()
+        .expect("one client")
+        .await
+        .expect("task")
+        .into_iter()
+        .map(|c| c.1)
+        .collect();
     assert!(served.len() > 100, "{}", served.len());
     assert!(
         served.iter().all(|p| p == "primary"),

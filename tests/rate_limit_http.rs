@@ -16,17 +16,17 @@ fn req() -> ChatRequest {
     ChatRequest::new("m", vec![Message::user("hi")])
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_50_ms_429_hold_never_turns_a_healthy_link_into_a_one_probe_link() {
-    // Every answer takes 1 s (an LLM call); the first request gets a 429
-    // asking to wait 50 ms.
-    let server = MockServer::start(Reply::openai_text("ok").after(Duration::from_secs(1)))
-        .await
-        .expect("server");
-    server.push(
-        Reply::openai_error(429, "requests", "Rate limit reached")
-            .with_header("retry-after-ms", "50"),
-    );
+/// deadline (30 s) → retry → breaker → OpenAI on `server`, and the
+/// breaker's handle.
+fn stack(
+    server: &MockServer,
+) -> (
+    impl tower::Service<ChatRequest, Response = ChatResponse, Error = Failure, Future: Send>
+    + Clone
+    + Send
+    + 'static,
+    tower_llm::breaker::BreakerHandle,
+) {
     let breaker = BreakerLayer::new();
     let handle = breaker.handle();
     let provider = OpenAi::new(
@@ -38,6 +38,21 @@ async fn a_50_ms_429_hold_never_turns_a_healthy_link_into_a_one_probe_link() {
         .llm_retry(RetryLayer::new().with_rng(FixedFraction(0.5)))
         .llm_breaker(breaker)
         .service(provider);
+    (svc, handle)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_50_ms_429_hold_never_turns_a_healthy_link_into_a_one_probe_link() {
+    // Every answer takes 1 s (an LLM call); the first request gets a 429
+    // asking to wait 50 ms.
+    let server = MockServer::start(Reply::openai_text("ok").after(Duration::from_secs(1)))
+        .await
+        .expect("server");
+    server.push(
+        Reply::openai_error(429, "requests", "Rate limit reached")
+            .with_header("retry-after-ms", "50"),
+    );
+    let (svc, handle) = stack(&server);
 
     // The first call meets the 429; its retry goes out 50 ms later.
     let first = tokio::spawn(svc.clone().oneshot(req()));
@@ -70,17 +85,7 @@ async fn a_2_s_429_hold_delays_the_callers_on_a_single_link_route_and_fails_none
     server.push(
         Reply::openai_error(429, "requests", "Rate limit reached").with_header("retry-after", "2"),
     );
-    let breaker = BreakerLayer::new();
-    let handle = breaker.handle();
-    let provider = OpenAi::new(
-        client_with_connect_timeout(Duration::from_secs(5)),
-        OpenAiConfig::new(ApiKey::new("k")).with_base_url(&server.url()),
-    );
-    let svc = ServiceBuilder::new()
-        .llm_deadline(Duration::from_secs(30))
-        .llm_retry(RetryLayer::new().with_rng(FixedFraction(0.5)))
-        .llm_breaker(breaker)
-        .service(provider);
+    let (svc, handle) = stack(&server);
     let started = tokio::time::Instant::now();
     let first = tokio::spawn(svc.clone().oneshot(req()));
     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -328,7 +328,8 @@ async fn counting_calls_timeouts_count_once_per_call() {
 async fn counting_calls_a_held_429_does_not_mute_the_next_failure() {
     let t = ScriptedTransport::new(Reply::openai_error(503, "server_error", "down"));
     t.push(
-        Reply::openai_error(429, "rate_limit_exceeded", "slow down").with_header("retry-after", "2"),
+        Reply::openai_error(429, "rate_limit_exceeded", "slow down")
+            .with_header("retry-after", "2"),
     );
     let breaker = BreakerLayer::new()
         .with_config(threshold(1))

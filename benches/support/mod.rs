@@ -150,3 +150,35 @@ where
     tb.sort_by(f64::total_cmp);
     (ta[20], tb[20])
 }
+
+/// The `tower-resilience` crate's time limiter (30 s) → retry (3 attempts,
+/// 200 ms exponential) → circuit breaker (50 % over 100 calls) around
+/// `$inner` (requests `$req`, answers `$res`): the peer every stack bench
+/// compares with. A macro, because the crate's types are long to name.
+#[allow(unused_macros)] // not every bench compares with it
+macro_rules! resilience_stack {
+    ($inner:expr, $req:ty, $res:ty) => {{
+        use tower::Layer as _;
+        let breaker = tower_resilience_circuitbreaker::CircuitBreakerLayer::builder()
+            .failure_rate_threshold(0.5)
+            .sliding_window_size(100)
+            .wait_duration_in_open(std::time::Duration::from_secs(30))
+            .build()
+            .expect("valid breaker config");
+        let retry = tower_resilience_retry::RetryLayer::<
+            $req,
+            $res,
+            tower_resilience_circuitbreaker::CircuitBreakerError<tower_llm::Failure>,
+        >::builder()
+        .max_attempts(3)
+        .exponential_backoff(std::time::Duration::from_millis(200))
+        .build();
+        let limiter = tower_resilience_timelimiter::TimeLimiterLayer::builder()
+            .timeout_duration(std::time::Duration::from_secs(30))
+            .cancel_running_future(true)
+            .build();
+        limiter.layer(retry.layer(breaker.layer($inner)))
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use resilience_stack;

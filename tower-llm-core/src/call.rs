@@ -265,41 +265,32 @@ impl<B> LlmRequest for http::Request<B> {
     }
 }
 
-impl LlmRequest for ChatRequest {
-    fn call(&self) -> Option<&Call> {
-        self.call.as_ref()
-    }
+/// `LlmRequest` for a typed request that carries its call in a `call`
+/// field and its own values in an `extensions` map.
+macro_rules! call_field {
+    ($request:ty) => {
+        impl LlmRequest for $request {
+            fn call(&self) -> Option<&Call> {
+                self.call.as_ref()
+            }
 
-    fn call_mut(&mut self) -> &mut Call {
-        self.call.get_or_insert_default()
-    }
+            fn call_mut(&mut self) -> &mut Call {
+                self.call.get_or_insert_default()
+            }
 
-    fn take_call(&mut self) -> Option<Call> {
-        self.call.take()
-    }
+            fn take_call(&mut self) -> Option<Call> {
+                self.call.take()
+            }
 
-    fn is_replayable(&self) -> bool {
-        self.extensions.is_empty() || self.extensions.get::<NotReplayable>().is_none()
-    }
+            fn is_replayable(&self) -> bool {
+                self.extensions.is_empty() || self.extensions.get::<NotReplayable>().is_none()
+            }
+        }
+    };
 }
 
-impl LlmRequest for EmbeddingRequest {
-    fn call(&self) -> Option<&Call> {
-        self.call.as_ref()
-    }
-
-    fn call_mut(&mut self) -> &mut Call {
-        self.call.get_or_insert_default()
-    }
-
-    fn take_call(&mut self) -> Option<Call> {
-        self.call.take()
-    }
-
-    fn is_replayable(&self) -> bool {
-        self.extensions.is_empty() || self.extensions.get::<NotReplayable>().is_none()
-    }
-}
+call_field!(ChatRequest);
+call_field!(EmbeddingRequest);
 
 /// A request copy kept to send later (the retry layer's next attempt, the
 /// fallback layer's next link; rule 6 of the [module docs](self)): the
