@@ -59,6 +59,9 @@ struct Inner {
     source: Option<BoxError>,
     attempts: Vec<AttemptRecord>,
     all_links_failed: bool,
+    /// Made by [`Failure::attempts_cap_exceeded`] (a flag, so that no
+    /// upstream text can pass for it).
+    attempts_cap: bool,
 }
 
 impl Failure {
@@ -76,6 +79,7 @@ impl Failure {
                 source: None,
                 attempts: Vec::new(),
                 all_links_failed: false,
+                attempts_cap: false,
             }),
         }
     }
@@ -96,15 +100,16 @@ impl Failure {
     /// The failure returned when the [attempt log](crate::AttemptLog) is full:
     /// an invalid-response failure reading "attempts cap exceeded".
     pub fn attempts_cap_exceeded() -> Self {
-        Failure::new(FailureClass::InvalidResponse).with_message(ATTEMPTS_CAP_EXCEEDED)
+        let mut f = Failure::new(FailureClass::InvalidResponse).with_message(ATTEMPTS_CAP_EXCEEDED);
+        f.inner.attempts_cap = true;
+        f
     }
 
     /// `true` for the failure made by [`attempts_cap_exceeded`](Self::attempts_cap_exceeded):
     /// a call refused a 17th attempt (logged at `severity = "sev-2"` when
     /// the call ends).
     pub fn is_attempts_cap_exceeded(&self) -> bool {
-        self.inner.class == FailureClass::InvalidResponse
-            && self.inner.message.as_deref() == Some(ATTEMPTS_CAP_EXCEEDED)
+        self.inner.attempts_cap
     }
 
     /// A failure built from a classification (as returned by a
@@ -526,6 +531,10 @@ mod tests {
         assert!(f.is_invalid_response());
         assert!(f.is_attempts_cap_exceeded());
         assert!(!Failure::new(FailureClass::InvalidResponse).is_attempts_cap_exceeded());
+        // An upstream that answers with the cap's very text is not the cap.
+        let lookalike = Failure::new(FailureClass::InvalidResponse)
+            .with_message(f.message().unwrap_or_default().to_owned());
+        assert!(!lookalike.is_attempts_cap_exceeded());
         assert!(f.to_string().contains("attempts cap exceeded"));
     }
 
