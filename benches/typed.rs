@@ -110,7 +110,24 @@ fn bare() -> PendOnce {
 
 /// deadline (30 s, metrics on) → fallback (3 links) → retry → breaker.
 fn full_stack() -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
+    full_stack_with(BreakerLayer::new())
+}
+
+/// The full stack with the primary's circuit open: each call fails fast
+/// into the second link.
+fn fast_failing() -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
     let breaker = BreakerLayer::new();
+    let handle = breaker.handle();
+    let mut svc = full_stack_with(breaker);
+    let req = ChatRequest::new("gpt-4o", vec![Message::user("hi")]);
+    call(&mut svc, &req);
+    assert!(handle.isolate(&tower_llm::breaker::BreakerKey::new("openai", "gpt-4o")));
+    svc
+}
+
+fn full_stack_with(
+    breaker: BreakerLayer,
+) -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
     let link = || {
         ServiceBuilder::new()
             .llm_retry(RetryLayer::new())
@@ -224,11 +241,16 @@ fn main() {
     for (name, req) in requests() {
         let mut plain = bare();
         let mut ours = full_stack();
+        let mut failing = fast_failing();
         let mut tower_stack = tower_peer();
         let mut resilience = resilience_peer();
         println!("\n{name}: per call, paired medians against the bare service in the same rounds");
-        let rows: [(&str, (f64, f64)); 3] = [
+        let rows: [(&str, (f64, f64)); 4] = [
             ("tower-llm full stack", paired(&mut plain, &mut ours, &req)),
+            (
+                "tower-llm, primary circuit open",
+                paired(&mut plain, &mut failing, &req),
+            ),
             (
                 "tower::timeout + tower::retry",
                 paired(&mut plain, &mut tower_stack, &req),
@@ -248,6 +270,10 @@ fn main() {
         println!("  allocations per call over bare ({ba:.1} allocations, {bb:.0} bytes):");
         for (variant, (a, bytes)) in [
             ("tower-llm full stack", allocations(&mut ours, &req)),
+            (
+                "tower-llm, primary circuit open",
+                allocations(&mut failing, &req),
+            ),
             (
                 "tower::timeout + tower::retry",
                 allocations(&mut tower_stack, &req),
