@@ -146,8 +146,10 @@ pub enum ToolChoice {
 
 /// A provider-neutral chat request.
 ///
-/// `extensions` carry per-call state between layers (deadline, attempt log,
-/// the link being called); they are never serialised.
+/// `call` carries what the layers share about the call (deadline, attempt
+/// log, the link being called: see [`Call`](crate::Call)); `extensions`
+/// carry values of your own. Neither is serialised. `messages`, `tools` and
+/// `stop` are shared, so a copy of the request costs reference counts.
 ///
 /// ```
 /// use tower_llm_core::{ChatRequest, Message};

@@ -25,8 +25,9 @@ pin_project! {
 pin_project! {
     /// Response future of [`Retry`](crate::Retry): the retry loop of
     /// `tower::retry::Retry`, driven by the same [`RetryPolicy`], with a
-    /// request copy that carries the call's per-call state only once it is
-    /// used (see the [crate docs](crate#how-it-differs-from-towerretry)).
+    /// request copy that carries the call's [`Call`](tower_llm_core::Call)
+    /// only once it is used (see the
+    /// [crate docs](crate#how-it-differs-from-towerretry)).
     pub struct ResponseFuture<S, C, Req>
     where
         S: Service<Req>,

@@ -106,10 +106,12 @@
 //! It runs the loop of `tower::retry::Retry` (call, ask the policy, wait,
 //! call the service again once ready), driven by [`RetryPolicy`] (a
 //! `tower::retry::Policy`, usable in tower's own `Retry`), with one
-//! change: the copy kept for the next attempt is made without tower-llm's
-//! per-call state when that is the request's only extension, and the state
-//! is put back only if the copy is sent, so a call that succeeds at once
-//! copies no extension map (three allocations in `http` 1.x). Plus what
+//! change: the copy kept for the next attempt is a
+//! [`Replay`](tower_llm_core::Replay), made without the request's
+//! [`Call`](tower_llm_core::Call), which is put back only if the copy is
+//! sent, so a call that succeeds at once copies nothing but reference
+//! counts (for an `http::Request` whose only extension is the call, no
+//! extension map either: three allocations in `http` 1.x). Plus what
 //! tower's leaves to you: an [`Attempt`] layer inside for per-attempt timeouts,
 //! the deadline check and attempt records, failure classification,
 //! `Retry-After`, jitter, and a budget whose floor does not add to its
