@@ -10,36 +10,7 @@
 //!   else (their prompt is shared too);
 //! - [`http::Request`] carries it in one slot of its [`http::Extensions`].
 //!
-//! # The cross-layer contract
-//!
-//! The layers never talk to each other except through the carrier, by
-//! these rules (each has a test in this crate or in its layer's crate):
-//!
-//! 1. **One owner.** The outermost tower-llm layer that finds no attempt
-//!    log installs one ([`CallOwner::install`]) and is the call's owner:
-//!    it attaches the records to the response or the error when the call
-//!    ends and records the once-per-call metrics. Every other layer only
-//!    appends.
-//! 2. **One deadline.** The deadline layer stores its deadline
-//!    ([`Deadline::store`]); an earlier deadline already there stays in
-//!    force. Everything inside reads it; nothing extends it.
-//! 3. **Who is called.** The fallback layer stores the [`Link`] of the
-//!    link it tries before calling it ([`Link::store`]). Retry and breaker
-//!    read it for their records, metric labels and breaker keys.
-//! 4. **Attempt numbers.** The retry layer sets the number of the attempt
-//!    a request copy is for ([`Call::set_attempt`]); it is 1 when unset.
-//! 5. **Who writes a record.** The retry layer writes one record per
-//!    attempt, *before* it drops the attempt's inner future, so that the
-//!    breaker (inside it) can tell an attempt cut by the retry layer's
-//!    timeout (the record is there) from a call abandoned by the caller
-//!    (it is not). Without a retry layer, the breaker writes the record of
-//!    each attempt it admits or refuses. The fallback layer rewrites the
-//!    `next` step of the previous link's last record when it fails over.
-//! 6. **Copies for later.** A layer that may send a request again (the
-//!    retry layer's next attempt, the fallback layer's next link) keeps a
-//!    [`Replay`] copy: the request without its carrier, and the carrier
-//!    beside it, put back when the copy is sent. A request that is not
-//!    [replayable](LlmRequest::is_replayable) is sent once.
+//! The cross-layer contract is written on [`Call`].
 //!
 //! [`ChatRequest`]: crate::ChatRequest
 //! [`EmbeddingRequest`]: crate::EmbeddingRequest
@@ -50,10 +21,49 @@ use http::{Extensions, HeaderMap};
 use crate::telemetry::{CallOwner, Metrics};
 use crate::{AttemptLog, ChatRequest, Deadline, EmbeddingRequest, Link, NotReplayable};
 
-/// Everything one logical call carries between the layers (see the
-/// [module docs](self) for who writes what).
-///
+/// Everything one logical call carries between the layers: the deadline,
+/// the link being tried, the attempt number and the shared attempt log.
 /// Cloning it clones reference counts only.
+///
+/// Every request type reaches it through one trait, [`LlmRequest`]:
+/// [`ChatRequest`] and [`EmbeddingRequest`] carry it as a field (`call`),
+/// so a copy of the request clones a few reference counts and nothing
+/// else (their prompt is shared too); [`http::Request`] carries it in one
+/// slot of its [`http::Extensions`].
+///
+/// # The cross-layer contract
+///
+/// The layers never talk to each other except through the carrier, by
+/// these rules (each has a test in this crate or in its layer's crate):
+///
+/// 1. **One owner.** The outermost tower-llm layer that finds no attempt
+///    log installs one ([`CallOwner::install`]) and is the call's owner:
+///    it attaches the records to the response or the error when the call
+///    ends and records the once-per-call metrics. Every other layer only
+///    appends.
+/// 2. **One deadline.** The deadline layer stores its deadline
+///    ([`Deadline::store`]); an earlier deadline already there stays in
+///    force. Everything inside reads it; nothing extends it.
+/// 3. **Who is called.** The fallback layer stores the [`Link`] of the
+///    link it tries before calling it ([`Link::store`]). Retry and breaker
+///    read it for their records, metric labels and breaker keys.
+/// 4. **Attempt numbers.** The retry layer sets the number of the attempt
+///    a request copy is for ([`Call::set_attempt`]); it is 1 when unset.
+/// 5. **Who writes a record.** The retry layer writes one record per
+///    attempt, *before* it drops the attempt's inner future, so that the
+///    breaker (inside it) can tell an attempt cut by the retry layer's
+///    timeout (the record is there) from a call abandoned by the caller
+///    (it is not). Without a retry layer, the breaker writes the record of
+///    each attempt it admits or refuses. The fallback layer rewrites the
+///    `next` step of the previous link's last record when it fails over.
+/// 6. **Copies for later.** A layer that may send a request again (the
+///    retry layer's next attempt, the fallback layer's next link) keeps a
+///    [`Replay`] copy: the request without its carrier, and the carrier
+///    beside it, put back when the copy is sent. A request that is not
+///    [replayable](LlmRequest::is_replayable) is sent once.
+///
+///
+/// [`CallOwner::install`]: crate::CallOwner::install
 ///
 /// ```
 /// use std::time::Duration;
@@ -293,7 +303,7 @@ call_field!(ChatRequest);
 call_field!(EmbeddingRequest);
 
 /// A request copy kept to send later (the retry layer's next attempt, the
-/// fallback layer's next link; rule 6 of the [module docs](self)): the
+/// fallback layer's next link; rule 6 of the contract on [`Call`]): the
 /// request without its carrier, and the carrier beside it, put back when
 /// the copy is sent. On the success path the copy is never sent, so keeping
 /// it costs the request's own clone (reference counts for a
