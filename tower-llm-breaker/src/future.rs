@@ -172,26 +172,37 @@ pin_project! {
     #[derive(Debug)]
     pub struct ResponseFuture<F, C> {
         #[pin]
-        inner: Option<F>,
-        refused: Option<Failure>,
-        guard: Option<Guard<C>>,
+        state: State<F, C>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    #[project_replace = StateReplace]
+    #[derive(Debug)]
+    enum State<F, C> {
+        // Admitted: the inner call, and what to record when it ends.
+        Running {
+            #[pin]
+            inner: F,
+            guard: Guard<C>,
+        },
+        // Refused by the circuit (or a hold): this failure, at once.
+        Refused { failure: Failure },
+        Done,
     }
 }
 
 impl<F, C> ResponseFuture<F, C> {
     pub(crate) fn refused(failure: Failure) -> Self {
         ResponseFuture {
-            inner: None,
-            refused: Some(failure),
-            guard: None,
+            state: State::Refused { failure },
         }
     }
 
     pub(crate) fn running(inner: F, guard: Guard<C>) -> Self {
         ResponseFuture {
-            inner: Some(inner),
-            refused: None,
-            guard: Some(guard),
+            state: State::Running { inner, guard },
         }
     }
 }
@@ -205,17 +216,20 @@ where
     type Output = Result<Res, Failure>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        if let Some(failure) = this.refused.take() {
-            return Poll::Ready(Err(failure));
-        }
-        let Some(inner) = this.inner.as_mut().as_pin_mut() else {
-            return Poll::Ready(Err(Failure::new(FailureClass::Cancelled)
-                .with_message("breaker future polled after completion")));
+        let mut state = self.project().state;
+        let mut result = match state.as_mut().project() {
+            StateProj::Running { inner, .. } => ready!(inner.poll(cx)).map_err(Failure::from_inner),
+            StateProj::Refused { .. } => {
+                return match state.project_replace(State::Done) {
+                    StateReplace::Refused { failure } => Poll::Ready(Err(failure)),
+                    _ => Poll::Ready(Err(polled_after_completion())),
+                };
+            }
+            StateProj::Done => return Poll::Ready(Err(polled_after_completion())),
         };
-        let mut result = ready!(inner.poll(cx)).map_err(Failure::from_inner);
-        this.inner.set(None);
-        if let Some(mut guard) = this.guard.take() {
+        // The inner future is dropped here, before the outcome is recorded
+        // (as when the call is cut short: see `Guard`'s drop).
+        if let StateReplace::Running { mut guard, .. } = state.project_replace(State::Done) {
             let outcome = guard.classifier.classify(&result);
             if let Some(own) = guard.own.take() {
                 own.finish(&outcome, &mut result);
@@ -228,4 +242,8 @@ where
         }
         Poll::Ready(result)
     }
+}
+
+fn polled_after_completion() -> Failure {
+    Failure::new(FailureClass::Cancelled).with_message("breaker future polled after completion")
 }
