@@ -24,93 +24,115 @@ enum Need {
     Filtered,
 }
 
+/// What a call keeps once it has left its primary, from one link to the
+/// next.
+struct Failover<Req, Res> {
+    // A clean copy of the request for the alternates (its carrier attached
+    // when an admission rule must see it).
+    pristine: Option<Replay<Req>>,
+    // `false` for a request that may be sent only once: the copy is handed
+    // to the first alternate rather than cloned.
+    replayable: bool,
+    // The link running now, or the last one tried.
+    index: usize,
+    need: Need,
+    last: Option<Result<Res, Failure>>,
+    // How the last failure was classified (for the degraded step when it
+    // came as an HTTP answer).
+    last_class: Option<Classified>,
+    // The soonest a link that refused with a wait may serve again, and
+    // whether every link so far refused that way.
+    earliest: Option<Duration>,
+    all_waiting: bool,
+    // The alternates in the order to try them, computed at the first
+    // failover, and how far along it the call is.
+    order: Option<Order>,
+    cursor: usize,
+    // When the running alternate started (health-aware ordering only).
+    started: Option<Instant>,
+}
+
+impl<Req, Res> Failover<Req, Res> {
+    fn leaving_primary(pristine: Option<Replay<Req>>, replayable: bool) -> Self {
+        Failover {
+            pristine,
+            replayable,
+            index: 0,
+            need: Need::Any,
+            last: None,
+            last_class: None,
+            earliest: None,
+            all_waiting: true,
+            order: None,
+            cursor: 0,
+            started: None,
+        }
+    }
+}
+
 pin_project! {
     #[project = StateProj]
-    enum State<PF, AF> {
-        Primary { #[pin] fut: PF },
-        Alternate { #[pin] fut: AF },
-        Next,
+    #[project_replace = StateReplace]
+    enum State<PF, AF, Req, Res> {
+        // The primary runs; the copy for the alternates waits beside it.
+        Primary {
+            #[pin]
+            fut: PF,
+            pristine: Option<Replay<Req>>,
+        },
+        // An alternate runs.
+        Alternate {
+            #[pin]
+            fut: AF,
+            failover: Failover<Req, Res>,
+        },
+        // The last link failed: the next one is chosen on the next poll.
+        Next { failover: Failover<Req, Res> },
         Done,
     }
 }
+
+/// The state of a [`ResponseFuture`].
+type StateOf<PF, Req, Res> = State<PF, Oneshot<LinkService<Req, Res>, Req>, Req, Res>;
 
 pin_project! {
     /// Response future of [`Fallback`](crate::Fallback): drives the primary,
     /// then each alternate it fails over to, lazily (`oneshot` on a clone).
     pub struct ResponseFuture<PF, Req, Res, C> {
         #[pin]
-        state: State<PF, Oneshot<LinkService<Req, Res>, Req>>,
+        state: StateOf<PF, Req, Res>,
         chain: Arc<Chain<Req, Res, C>>,
-        // A clean copy of the request for the alternates (its per-call
-        // state attached when the call first fails over).
-        pristine: Option<Replay<Req>>,
-        // The link running now, or the last one tried.
-        index: usize,
-        need: Need,
-        last: Option<Result<Res, Failure>>,
-        // The soonest a link that refused with a wait may serve again, and
-        // whether every link so far refused that way.
-        earliest: Option<Duration>,
-        all_waiting: bool,
         // Set when this layer owns the call (attempt log, metrics, span).
         owned: Option<CallOwner>,
-        // The alternates in the order to try them, computed at the first
-        // failover, and how far along it the call is.
-        order: Option<Order>,
-        cursor: usize,
-        // When the running alternate started (health-aware ordering only).
-        started: Option<Instant>,
-        // `false` for a request that may be sent only once: the copy is
-        // handed to the first alternate rather than cloned.
-        replayable: bool,
-        // How the last failure was classified (for the degraded step when
-        // it came as an HTTP answer).
-        last_class: Option<Classified>,
     }
 }
 
 impl<PF, Req, Res, C> std::fmt::Debug for ResponseFuture<PF, Req, Res, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            State::Primary { .. } => "primary",
+            State::Alternate { .. } => "alternate",
+            State::Next { .. } => "next",
+            State::Done => "done",
+        };
         f.debug_struct("ResponseFuture")
-            .field("index", &self.index)
-            .field("need", &self.need)
+            .field("state", &state)
             .finish_non_exhaustive()
     }
 }
 
 impl<PF, Req: LlmRequest + Clone, Res, C> ResponseFuture<PF, Req, Res, C> {
-    fn new(
-        state: State<PF, Oneshot<LinkService<Req, Res>, Req>>,
-        chain: Arc<Chain<Req, Res, C>>,
-        pristine: Option<Replay<Req>>,
-        replayable: bool,
-        owned: Option<CallOwner>,
-    ) -> Self {
-        ResponseFuture {
-            state,
-            chain,
-            pristine,
-            index: 0,
-            need: Need::Any,
-            last: None,
-            earliest: None,
-            all_waiting: true,
-            owned,
-            order: None,
-            cursor: 0,
-            started: None,
-            replayable,
-            last_class: None,
-        }
-    }
-
     pub(crate) fn primary(
         fut: PF,
         chain: Arc<Chain<Req, Res, C>>,
         pristine: Option<Replay<Req>>,
         owned: Option<CallOwner>,
     ) -> Self {
-        Self::new(State::Primary { fut }, chain, pristine, true, owned)
+        ResponseFuture {
+            state: State::Primary { fut, pristine },
+            chain,
+            owned,
+        }
     }
 
     /// The primary's admission refused the request: it starts at the next
@@ -122,13 +144,12 @@ impl<PF, Req: LlmRequest + Clone, Res, C> ResponseFuture<PF, Req, Res, C> {
         owned: Option<CallOwner>,
     ) -> Self {
         record_skip(AttemptLog::of(&req), &chain.primary.link);
-        Self::new(
-            State::Next,
+        let failover = Failover::leaving_primary(Some(Replay::whole(req)), replayable);
+        ResponseFuture {
+            state: State::Next { failover },
             chain,
-            Some(Replay::whole(req)),
-            replayable,
             owned,
-        )
+        }
     }
 }
 
@@ -160,108 +181,31 @@ where
         let _span = span.as_ref().map(tracing::Span::enter);
         loop {
             let result = match this.state.as_mut().project() {
-                StateProj::Primary { fut } => ready!(fut.poll(cx)).map_err(Failure::from_inner),
-                StateProj::Alternate { fut } => ready!(fut.poll(cx)),
-                StateProj::Done => {
-                    return Poll::Ready(Err(Failure::new(FailureClass::Cancelled)
-                        .with_message("fallback future polled after completion")));
-                }
-                StateProj::Next => {
-                    // An admission rule sees the request as the link would
-                    // (with the call's deadline, log and link); without
-                    // one, the copy stays as it is until a link takes it.
-                    if this
-                        .chain
-                        .alternates
-                        .iter()
-                        .any(|(spec, _)| spec.admit.is_some())
-                    {
-                        if let Some(p) = this.pristine.as_mut() {
-                            p.attach();
-                        }
-                    }
-                    // The record of the link being left, found before any
-                    // skip records are added after it.
-                    let leaving = this.pristine.as_ref().and_then(|p| {
-                        let log = p.call()?.log()?;
-                        let from = u8::try_from(*this.index).ok()?;
-                        log.last_index_for(from).map(|i| (log.clone(), i))
-                    });
-                    let order = this.order.get_or_insert_with(|| this.chain.order());
-                    let next = next_link(
-                        this.chain,
-                        this.pristine.as_ref(),
-                        order,
-                        this.cursor,
-                        *this.need,
-                    );
-                    let j = match next {
-                        Ok(Some(j)) => j,
-                        Ok(None) => {
-                            this.state.set(State::Done);
-                            let last = this.last.take();
-                            if *this.need != Need::Any {
-                                // No link can serve what failed (a context
-                                // window, a content filter): terminal, as is.
-                                let result = last.unwrap_or_else(|| Err(no_link_allowed()));
-                                return Poll::Ready(finish(this.owned, result));
-                            }
-                            let earliest = this.all_waiting.then_some(*this.earliest).flatten();
-                            let result = all_failed(
-                                last,
-                                this.last_class.take(),
-                                earliest,
-                                this.chain.degrade.as_deref(),
-                            );
-                            return Poll::Ready(finish(this.owned, result));
-                        }
-                        Err(stop) => {
-                            this.state.set(State::Done);
-                            return Poll::Ready(finish(this.owned, Err(stop)));
-                        }
+                StateProj::Primary { fut, .. } => ready!(fut.poll(cx)).map_err(Failure::from_inner),
+                StateProj::Alternate { fut, .. } => ready!(fut.poll(cx)),
+                StateProj::Done => return Poll::Ready(Err(polled_after_completion())),
+                StateProj::Next { .. } => {
+                    let StateReplace::Next { mut failover } =
+                        this.state.as_mut().project_replace(State::Done)
+                    else {
+                        return Poll::Ready(Err(polled_after_completion()));
                     };
-                    let (spec, service) = &this.chain.alternates[j - 1];
-                    let req = if *this.replayable {
-                        this.pristine.as_ref().map(Replay::to_request)
-                    } else {
-                        this.pristine.take().map(Replay::into_request)
-                    };
-                    let Some(mut req) = req else {
-                        unreachable_state(&mut this.state);
-                        continue;
-                    };
-                    if let Some((log, i)) = leaving {
-                        log.finish(i, |r| {
-                            if r.next == NextStep::Returned {
-                                r.next = NextStep::FailedOver;
-                            }
-                        });
+                    match next_alternate(this.chain, &mut failover) {
+                        Ok(fut) => this.state.set(State::Alternate { fut, failover }),
+                        Err(result) => return Poll::Ready(finish(this.owned, result)),
                     }
-                    spec.prepare(&mut req);
-                    tracing::info!(
-                        from = this
-                            .chain
-                            .spec(*this.index)
-                            .map_or("", |s| s.link.provider()),
-                        to = spec.link.provider(),
-                        to_model = spec.link.model(),
-                        to_position = j,
-                        "failing over to the next link"
-                    );
-                    *this.index = j;
-                    if this.chain.health.is_some() {
-                        *this.started = Some(Instant::now());
-                    }
-                    this.state.set(State::Alternate {
-                        fut: service.clone().oneshot(req),
-                    });
                     continue;
                 }
             };
-            // A link answered.
+            // A link answered. Which one, and since when (health-aware
+            // ordering), read in place: the success path builds nothing.
+            let (index, started) = match this.state.as_mut().project() {
+                StateProj::Alternate { failover, .. } => (failover.index, failover.started.take()),
+                _ => (0, None),
+            };
             let outcome = this.chain.classifier.classify(&result);
-            if let (Some(health), Some(started)) = (&this.chain.health, this.started.take()) {
-                if let Some(h) = this.index.checked_sub(1).and_then(|i| health.get(i)) {
+            if let (Some(health), Some(started)) = (&this.chain.health, started) {
+                if let Some(h) = index.checked_sub(1).and_then(|i| health.get(i)) {
                     h.record(outcome.is_success(), started.elapsed());
                 }
             }
@@ -271,14 +215,23 @@ where
                     let mut result = result;
                     // The primary serving is the common case: it is the
                     // default, noted at no cost.
-                    if *this.index > 0 {
-                        if let (Ok(res), Some(spec)) = (&mut result, this.chain.spec(*this.index)) {
+                    if index > 0 {
+                        if let (Ok(res), Some(spec)) = (&mut result, this.chain.spec(index)) {
                             res.record_served_by(&spec.link);
                         }
                     }
                     return Poll::Ready(finish(this.owned, result));
                 }
                 Outcome::Failure(failed) => failed,
+            };
+            // The running future is dropped here, and the call leaves the
+            // primary if it was there.
+            let mut failover = match this.state.as_mut().project_replace(State::Done) {
+                StateReplace::Primary { pristine, .. } => Failover::leaving_primary(pristine, true),
+                StateReplace::Alternate { failover, .. } => failover,
+                StateReplace::Next { .. } | StateReplace::Done => {
+                    return Poll::Ready(Err(polled_after_completion()));
+                }
             };
             let disposition = this.chain.failures.disposition(&failed);
             let need = if disposition.failover {
@@ -288,27 +241,112 @@ where
             } else if failed.class == FailureClass::ContentFiltered {
                 Need::Filtered
             } else {
-                this.state.set(State::Done);
                 return Poll::Ready(finish(this.owned, result));
             };
             match (failed.class, failed.retry_after) {
                 (FailureClass::CircuitOpen | FailureClass::RateLimited, Some(wait)) => {
-                    *this.earliest = Some(this.earliest.map_or(wait, |e| e.min(wait)));
+                    failover.earliest = Some(failover.earliest.map_or(wait, |e| e.min(wait)));
                 }
-                _ => *this.all_waiting = false,
+                _ => failover.all_waiting = false,
             }
-            *this.need = need;
-            *this.last = Some(result);
-            *this.last_class = Some(failed);
-            this.state.set(State::Next);
+            failover.need = need;
+            failover.last = Some(result);
+            failover.last_class = Some(failed);
+            this.state.set(State::Next { failover });
         }
     }
 }
 
-/// Should never happen (`Next` is only entered with a request to replay);
-/// ends the call cleanly rather than panicking.
-fn unreachable_state<PF, AF>(state: &mut Pin<&mut State<PF, AF>>) {
-    state.set(State::Done);
+/// The next link's call, started; or, when the chain must stop, the
+/// call's final result.
+fn next_alternate<Req, Res, C>(
+    chain: &Chain<Req, Res, C>,
+    failover: &mut Failover<Req, Res>,
+) -> Result<Oneshot<LinkService<Req, Res>, Req>, Result<Res, Failure>>
+where
+    Req: Clone + LlmRequest,
+    Res: RecordsAttempts,
+{
+    // An admission rule sees the request as the link would (with the
+    // call's deadline, log and link); without one, the copy stays as it is
+    // until a link takes it.
+    if chain
+        .alternates
+        .iter()
+        .any(|(spec, _)| spec.admit.is_some())
+    {
+        if let Some(p) = failover.pristine.as_mut() {
+            p.attach();
+        }
+    }
+    // The record of the link being left, found before any skip records
+    // are added after it.
+    let leaving = failover.pristine.as_ref().and_then(|p| {
+        let log = p.call()?.log()?;
+        let from = u8::try_from(failover.index).ok()?;
+        log.last_index_for(from).map(|i| (log.clone(), i))
+    });
+    let order = failover.order.get_or_insert_with(|| chain.order());
+    let next = next_link(
+        chain,
+        failover.pristine.as_ref(),
+        order,
+        &mut failover.cursor,
+        failover.need,
+    );
+    let j = match next {
+        Ok(Some(j)) => j,
+        Ok(None) => {
+            let last = failover.last.take();
+            if failover.need != Need::Any {
+                // No link can serve what failed (a context window, a
+                // content filter): terminal, as is.
+                return Err(last.unwrap_or_else(|| Err(no_link_allowed())));
+            }
+            let earliest = failover.all_waiting.then_some(failover.earliest).flatten();
+            return Err(all_failed(
+                last,
+                failover.last_class.take(),
+                earliest,
+                chain.degrade.as_deref(),
+            ));
+        }
+        Err(stop) => return Err(Err(stop)),
+    };
+    let (spec, service) = &chain.alternates[j - 1];
+    let req = if failover.replayable {
+        failover.pristine.as_ref().map(Replay::to_request)
+    } else {
+        failover.pristine.take().map(Replay::into_request)
+    };
+    let Some(mut req) = req else {
+        // Never: a link is chosen only with a request to send.
+        return Err(Err(polled_after_completion()));
+    };
+    if let Some((log, i)) = leaving {
+        log.finish(i, |r| {
+            if r.next == NextStep::Returned {
+                r.next = NextStep::FailedOver;
+            }
+        });
+    }
+    spec.prepare(&mut req);
+    tracing::info!(
+        from = chain.spec(failover.index).map_or("", |s| s.link.provider()),
+        to = spec.link.provider(),
+        to_model = spec.link.model(),
+        to_position = j,
+        "failing over to the next link"
+    );
+    failover.index = j;
+    if chain.health.is_some() {
+        failover.started = Some(Instant::now());
+    }
+    Ok(service.clone().oneshot(req))
+}
+
+fn polled_after_completion() -> Failure {
+    Failure::new(FailureClass::Cancelled).with_message("fallback future polled after completion")
 }
 
 /// The next link to try after `index`, skipping those the request's policy
