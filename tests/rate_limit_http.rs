@@ -105,3 +105,52 @@ async fn a_2_s_429_hold_delays_the_callers_on_a_single_link_route_and_fails_none
     assert!(started.elapsed() >= Duration::from_millis(2_500));
     assert_eq!(handle.snapshot()[0].state, CircuitState::Closed);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_2_s_429_hold_on_a_primary_with_a_backup_sends_callers_to_the_backup_at_once() {
+    // With a link after the held one, waiting out the hold would only add
+    // latency: callers go to the backup without waiting.
+    let primary = MockServer::start(Reply::openai_text("primary"))
+        .await
+        .expect("server");
+    primary.push(
+        Reply::openai_error(429, "requests", "Rate limit reached").with_header("retry-after", "2"),
+    );
+    let backup = MockServer::start(Reply::openai_text("backup"))
+        .await
+        .expect("server");
+    let breaker = BreakerLayer::new();
+    let link = |server: &MockServer| {
+        ServiceBuilder::new()
+            .llm_retry(RetryLayer::new().with_rng(FixedFraction(0.5)))
+            .llm_breaker(breaker.clone())
+            .service(OpenAi::new(
+                client_with_connect_timeout(Duration::from_secs(5)),
+                OpenAiConfig::new(ApiKey::new("k")).with_base_url(&server.url()),
+            ))
+    };
+    let chain = FallbackLayer::builder(LinkSpec::new("primary", "m"))
+        .or(LinkSpec::new("backup", "m"), link(&backup))
+        .build()
+        .expect("chain");
+    let svc = ServiceBuilder::new()
+        .llm_deadline(Duration::from_secs(30))
+        .llm_fallback(chain)
+        .service(link(&primary));
+    // The first call meets the 429 and is held: it waits for its retry.
+    let first = tokio::spawn(svc.clone().oneshot(req()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = tokio::time::Instant::now();
+    for _ in 0..9 {
+        let answer = svc.clone().oneshot(req()).await.expect("served");
+        assert_eq!(answer.text(), "backup");
+    }
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "nobody waited out the hold"
+    );
+    assert_eq!(primary.received().len(), 1);
+    assert_eq!(backup.received().len(), 9);
+    first.await.expect("task").expect("first call served");
+}

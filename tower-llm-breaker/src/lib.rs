@@ -69,11 +69,14 @@
 //!
 //! A 429 with a `Retry-After` of at least `min_rate_limit_hold` (1 s by
 //! default) holds its key for that long (capped at 5 min; on by default):
-//! new attempts on the key are refused, without reaching the provider, as
-//! *rate limited* with the rest of the hold as their `retry_after`: a retry
-//! layer outside waits the hold out when the call's deadline allows, and a
-//! fallback layer fails over otherwise (a hold only delays; the circuit is
-//! not open). Then everyone is let through again. A hold is not a state
+//! new attempts on the key are refused without reaching the provider: as
+//! *circuit open* when links follow in the fallback chain
+//! ([`Link::has_alternates_after`](tower_llm_core::Link::has_alternates_after):
+//! the call goes to the next link at once), and otherwise as *rate
+//! limited* with the rest of the hold as their `retry_after`, which a
+//! retry layer outside waits out when the call's deadline allows (a hold
+//! only delays; the circuit is not open). Then everyone is let through
+//! again. A hold is not a state
 //! change: a healthy (closed) key never becomes a one-probe-at-a-time key
 //! because of it, and a held 429 does not count toward opening. A shorter
 //! `Retry-After` (`0` or a past date included) is the retry layer's business

@@ -87,6 +87,9 @@ where
         // breaker reads it); without one, the breaker makes it, so a stack
         // without a retry layer still records every attempt.
         let view = req.call();
+        let alternates_after = view
+            .and_then(Call::link)
+            .is_some_and(tower_llm_core::Link::has_alternates_after);
         let mut attempt = None;
         let mut own = None;
         if let Some(log) = view.and_then(Call::log) {
@@ -143,10 +146,12 @@ where
                         );
                         Failure::circuit_open(retry_after)
                     }
-                    // A hold only delays: a rate-limited failure with the
-                    // rest of the hold, which the retry layer waits out when
-                    // the deadline allows (and the fallback layer otherwise
-                    // fails over from, as from any 429).
+                    // A hold only delays this key. With links after this
+                    // one, the call goes to the next link now (refused as
+                    // open: not retried here); on the last link, a
+                    // rate-limited failure with the rest of the hold, which
+                    // the retry layer waits out when the deadline allows.
+                    Refusal::Held(rest) if alternates_after => Failure::circuit_open(Some(rest)),
                     Refusal::Held(rest) => Failure::new(FailureClass::RateLimited)
                         .with_retry_after(rest)
                         .with_message("held by the provider's Retry-After"),

@@ -30,6 +30,8 @@ struct Parts {
     provider: Arc<str>,
     model: Arc<str>,
     position: u8,
+    /// Links follow this one in its fallback chain.
+    alternates_after: bool,
 }
 
 impl std::fmt::Debug for Link {
@@ -50,6 +52,7 @@ impl Link {
                 provider: provider.into(),
                 model: model.into(),
                 position: 0,
+                alternates_after: false,
             }),
         }
     }
@@ -79,6 +82,23 @@ impl Link {
     /// The model id as a shared string (cheap to clone).
     pub fn model_arc(&self) -> &Arc<str> {
         &self.inner.model
+    }
+
+    /// Notes whether links follow this one in its fallback chain (the
+    /// fallback layer sets it). A layer inside can then prefer failing
+    /// over to waiting: the breaker refuses an attempt during a 429's
+    /// hold as *circuit open* (go to the next link now) when links
+    /// follow, and as *rate limited* with the rest of the hold (wait it
+    /// out) when none does.
+    #[must_use]
+    pub fn with_alternates_after(mut self, alternates_after: bool) -> Self {
+        Arc::make_mut(&mut self.inner).alternates_after = alternates_after;
+        self
+    }
+
+    /// `true` when links follow this one in its fallback chain.
+    pub fn has_alternates_after(&self) -> bool {
+        self.inner.alternates_after
     }
 
     /// The position in the fallback chain (0 = primary).

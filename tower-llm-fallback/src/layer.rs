@@ -222,6 +222,7 @@ impl<Req, Res, C> FallbackBuilder<Req, Res, C> {
             return Err(InvalidChain("more than 255 links".into()));
         }
         let mut seen = HashSet::new();
+        let last = self.alternates.len();
         let specs = std::iter::once(&mut self.primary)
             .chain(self.alternates.iter_mut().map(|(spec, _)| spec));
         for (position, spec) in specs.enumerate() {
@@ -232,7 +233,8 @@ impl<Req, Res, C> FallbackBuilder<Req, Res, C> {
             spec.link = spec
                 .link
                 .clone()
-                .with_position(u8::try_from(position).unwrap_or(u8::MAX));
+                .with_position(u8::try_from(position).unwrap_or(u8::MAX))
+                .with_alternates_after(position < last);
         }
         let health = self.health_window.map(|window| {
             self.alternates
