@@ -31,7 +31,7 @@ enum Behaviour {
 fn answer(req: &ChatRequest, provider: &str) -> ChatResponse {
     ChatResponse {
         id: "mock-1".into(),
-        model: req.model.clone(),
+        model: req.model.to_string(),
         provider: provider.into(),
         fallback_position: 0,
         degraded: false,

@@ -593,7 +593,7 @@ async fn chat(
         let _ = span.set_parent(cx);
     }
     if req.stream {
-        let Some(svc) = routes.stream.get(&req.model).cloned() else {
+        let Some(svc) = routes.stream.get(&*req.model).cloned() else {
             return unknown_route(&req.model);
         };
         drop(routes);
@@ -602,7 +602,7 @@ async fn chat(
             Err(f) => failure_response(&f),
         }
     } else {
-        let Some(svc) = routes.unary.get(&req.model).cloned() else {
+        let Some(svc) = routes.unary.get(&*req.model).cloned() else {
             return unknown_route(&req.model);
         };
         drop(routes);

@@ -92,7 +92,7 @@ impl Provider {
 fn ok(req: &ChatRequest) -> ChatResponse {
     ChatResponse {
         id: "id".into(),
-        model: req.model.clone(),
+        model: req.model.to_string(),
         provider: "p".into(),
         fallback_position: 0,
         degraded: false,

@@ -163,8 +163,8 @@ pub enum ToolChoice {
 /// ```
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ChatRequest {
-    /// The model id (or route alias) to call.
-    pub model: String,
+    /// The model id (or route alias) to call, shared like `messages`.
+    pub model: Arc<str>,
     /// The conversation so far, shared: a copy of the request (the retry
     /// layer's for a later attempt, the fallback layer's for the next link)
     /// costs a reference count, whatever the prompt's size. Change it with
@@ -203,7 +203,7 @@ pub struct ChatRequest {
 
 impl ChatRequest {
     /// A request for `model` with `messages`.
-    pub fn new(model: impl Into<String>, messages: Vec<Message>) -> Self {
+    pub fn new(model: impl Into<Arc<str>>, messages: Vec<Message>) -> Self {
         ChatRequest {
             model: model.into(),
             messages: Arc::new(messages),

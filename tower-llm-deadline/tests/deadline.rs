@@ -346,7 +346,7 @@ async fn typed_chat_requests_work_too() {
         AttemptLog::of(&req).expect("log").push(record(1))?;
         Ok::<_, Failure>(ChatResponse {
             id: "1".into(),
-            model: req.model.clone(),
+            model: req.model.to_string(),
             provider: "mock".into(),
             fallback_position: 0,
             degraded: false,

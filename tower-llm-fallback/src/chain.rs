@@ -139,8 +139,8 @@ impl LinkSpec<ChatRequest> {
     #[must_use]
     pub fn rewrite_model(self) -> Self {
         self.with_rewrite(|req: &mut ChatRequest, link: &Link| {
-            if req.model != link.model() {
-                req.model = link.model().to_owned();
+            if *req.model != *link.model() {
+                req.model = link.model_arc().clone();
             }
         })
     }

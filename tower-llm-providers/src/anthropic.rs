@@ -248,7 +248,7 @@ where
                     config.scrub(),
                 ),
                 provider: PROVIDER,
-                model: req.model.clone(),
+                model: req.model.to_string(),
                 metric_model: crate::transport::metric_model(&req),
                 max_error_body: config.max_body,
                 timeouts,

@@ -297,7 +297,7 @@ where
             let open = crate::streaming::Open {
                 wire: EventStreamWire::new(config.scrub()),
                 provider: PROVIDER,
-                model: req.model.clone(),
+                model: req.model.to_string(),
                 metric_model: crate::transport::metric_model(&req),
                 max_error_body: config.max_body,
                 timeouts,

@@ -232,7 +232,7 @@ where
                     config.scrub(),
                 ),
                 provider: PROVIDER,
-                model: req.model.clone(),
+                model: req.model.to_string(),
                 metric_model: crate::transport::metric_model(&req),
                 max_error_body: config.max_body,
                 timeouts,
@@ -754,7 +754,7 @@ pub mod server {
     ///
     /// let req = decode_request(br#"{"model": "smart", "stream": true,
     ///     "messages": [{"role": "user", "content": "Hi"}]}"#).unwrap();
-    /// assert_eq!(req.model, "smart");
+    /// assert_eq!(&*req.model, "smart");
     /// assert!(req.stream);
     /// assert!(decode_request(b"{").unwrap_err().is_bad_request());
     /// ```
@@ -854,7 +854,7 @@ pub mod server {
             })
             .collect();
         Ok(ChatRequest {
-            model: wire.model,
+            model: wire.model.into(),
             messages: Arc::new(messages),
             tools: Arc::new(tools),
             tool_choice,

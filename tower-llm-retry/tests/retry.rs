@@ -128,7 +128,7 @@ fn failure(class: FailureClass, status: Option<u16>, retry_after: Option<Duratio
 fn answer(req: &ChatRequest) -> ChatResponse {
     ChatResponse {
         id: "id".into(),
-        model: req.model.clone(),
+        model: req.model.to_string(),
         provider: "mock".into(),
         fallback_position: 0,
         degraded: false,

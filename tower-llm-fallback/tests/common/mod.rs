@@ -80,7 +80,7 @@ impl Provider {
                     200 => {
                         return Ok(ChatResponse {
                             id: "id".into(),
-                            model: req.model.clone(),
+                            model: req.model.to_string(),
                             provider: name.into(),
                             fallback_position: 0,
                             degraded: false,
