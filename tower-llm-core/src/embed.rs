@@ -19,9 +19,10 @@ use crate::{AttemptRecord, RecordsAttempts};
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct EmbeddingRequest {
     /// The embedding model.
-    pub model: String,
-    /// The texts, one vector each.
-    pub input: Vec<String>,
+    pub model: Arc<str>,
+    /// The texts, one vector each; shared, so a copy of the request (for a
+    /// retry or a failover) costs a reference count.
+    pub input: Arc<Vec<String>>,
     /// Ask for shorter vectors (models that support it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dimensions: Option<u32>,
@@ -36,10 +37,10 @@ pub struct EmbeddingRequest {
 
 impl EmbeddingRequest {
     /// A request for `model` over `input`.
-    pub fn new(model: impl Into<String>, input: Vec<String>) -> Self {
+    pub fn new(model: impl Into<Arc<str>>, input: Vec<String>) -> Self {
         EmbeddingRequest {
             model: model.into(),
-            input,
+            input: Arc::new(input),
             ..EmbeddingRequest::default()
         }
     }
