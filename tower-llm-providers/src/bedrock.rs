@@ -670,8 +670,7 @@ pub fn encode(req: &ChatRequest) -> Result<Value, Failure> {
         |b| b.get("toolResult").is_some(),
     );
     // Moved in: `json!` would copy the whole array.
-    let mut body = Value::Object(serde_json::Map::new());
-    let obj = body.as_object_mut().expect("an object");
+    let mut obj = serde_json::Map::new();
     obj.insert("messages".into(), Value::Array(messages));
     if !system.is_empty() {
         obj.insert("system".into(), Value::Array(system));
@@ -719,7 +718,7 @@ pub fn encode(req: &ChatRequest) -> Result<Value, Failure> {
         }
         obj.insert("toolConfig".into(), config);
     }
-    Ok(body)
+    Ok(Value::Object(obj))
 }
 
 fn encode_message(m: &Message) -> Result<Value, Failure> {
