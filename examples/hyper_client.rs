@@ -19,9 +19,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_llm::Attempts;
 use tower_llm::breaker::AuthorityKey;
 use tower_llm::prelude::*;
+use tower_llm::{Attempts, KeepAttempts};
 use tower_llm_providers::mock::{MockServer, Reply};
 
 /// What the call came back with.
@@ -70,7 +70,10 @@ pub async fn run() -> Result<Outcome, Box<dyn std::error::Error>> {
         .service(client);
 
     let start = Instant::now();
-    let req = http::Request::get(format!("{}/v1/models", upstream.url())).body(Empty::new())?;
+    let mut req = http::Request::get(format!("{}/v1/models", upstream.url())).body(Empty::new())?;
+    // Ask for the attempt records on the response (they cost an extension
+    // map, so an `http::Response` gets them only when asked).
+    req.extensions_mut().insert(KeepAttempts);
     let res = svc.oneshot(req).await?;
     let status = res.status();
     let elapsed = start.elapsed();

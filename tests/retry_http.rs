@@ -61,6 +61,11 @@ fn client_stack(
 > + Clone {
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     ServiceBuilder::new()
+        // Ask for the attempt records on every response.
+        .map_request(|mut req: http::Request<Empty<Bytes>>| {
+            req.extensions_mut().insert(tower_llm::KeepAttempts);
+            req
+        })
         .llm_deadline(Duration::from_secs(30))
         .llm_retry(retry)
         .service(client)

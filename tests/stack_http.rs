@@ -154,6 +154,7 @@ async fn the_full_stack_fails_over_between_two_real_servers() {
     let res = svc
         .oneshot(
             http::Request::get("http://unused.invalid/")
+                .extension(tower_llm::KeepAttempts)
                 .body(Empty::new())
                 .expect("request"),
         )

@@ -521,8 +521,26 @@ impl Default for AttemptLog {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct NotReplayable;
 
+/// A request extension asking for the call's attempt records on its
+/// [`http::Response`] (as [`Attempts`] in its extensions).
+///
+/// Attaching them costs an extension map on every response (three
+/// allocations in `http` 1.x), so an `http::Response` gets them only when
+/// its request asked. A [`ChatResponse`] carries them in a field and always
+/// has them; a failure always carries them ([`Failure::attempts`]).
+///
+/// ```
+/// use tower_llm_core::KeepAttempts;
+///
+/// let mut req = http::Request::new(());
+/// req.extensions_mut().insert(KeepAttempts);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KeepAttempts;
+
 /// The attempt records of a finished call, as attached to an
-/// [`http::Response`]'s extensions.
+/// [`http::Response`]'s extensions (when its request carried
+/// [`KeepAttempts`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Attempts(pub Vec<AttemptRecord>);
 
@@ -539,6 +557,11 @@ pub struct ServedBy(pub Link);
 /// response type, implement it (or write `impl RecordsAttempts for MyResponse {}`
 /// to discard the records).
 pub trait RecordsAttempts {
+    /// `true` when the records are attached to every successful response;
+    /// `false` (an `http::Response`) when only to those whose request
+    /// carried [`KeepAttempts`], because attaching them has a cost.
+    const ATTACHED_BY_DEFAULT: bool = true;
+
     /// Stores the records of the finished call.
     fn record_attempts(&mut self, attempts: Vec<AttemptRecord>) {
         let _ = attempts;
@@ -561,6 +584,8 @@ pub trait RecordsAttempts {
 pub struct Degraded;
 
 impl<B> RecordsAttempts for http::Response<B> {
+    const ATTACHED_BY_DEFAULT: bool = false;
+
     fn record_attempts(&mut self, attempts: Vec<AttemptRecord>) {
         self.extensions_mut().insert(Attempts(attempts));
     }

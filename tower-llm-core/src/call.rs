@@ -154,11 +154,12 @@ impl Call {
         deadline: Deadline,
         metrics: &Metrics,
     ) -> (Deadline, Option<CallOwner>) {
+        let keep = req.keeps_attempts();
         let call = req.call_mut();
         let deadline = call.store_deadline(deadline);
         let owner = call
             .install_log()
-            .map(|log| CallOwner::owning(log, metrics));
+            .map(|log| CallOwner::owning(log, metrics, keep));
         (deadline, owner)
     }
 }
@@ -209,6 +210,13 @@ pub trait LlmRequest {
         true
     }
 
+    /// `true` when the request asks for the call's attempt records on its
+    /// answer even where that has a cost (an `http::Request` carrying
+    /// [`KeepAttempts`](crate::KeepAttempts)); read by the call's owner.
+    fn keeps_attempts(&self) -> bool {
+        false
+    }
+
     /// A copy of this request for a later attempt or link, *without* its
     /// call (see [`Replay`]). The default takes the call out for the moment
     /// of the clone.
@@ -252,6 +260,12 @@ impl<B> LlmRequest for http::Request<B> {
         let extensions = self.extensions();
         let ours = usize::from(call_in(extensions).is_some());
         extensions.len() <= ours || extensions.get::<NotReplayable>().is_none()
+    }
+
+    fn keeps_attempts(&self) -> bool {
+        let extensions = self.extensions();
+        let ours = usize::from(call_in(extensions).is_some());
+        extensions.len() > ours && extensions.get::<crate::KeepAttempts>().is_some()
     }
 
     /// When the call is the request's only extension, the copy is made

@@ -60,7 +60,7 @@ mod stream;
 pub mod telemetry;
 
 pub use attempt::{
-    AttemptLog, AttemptOutcome, AttemptRecord, AttemptStatus, Attempts, Degraded,
+    AttemptLog, AttemptOutcome, AttemptRecord, AttemptStatus, Attempts, Degraded, KeepAttempts,
     MAX_ATTEMPTS_PER_CALL, NextStep, NotReplayable, RecordsAttempts, RetryReason, RetryStop,
     ServedBy,
 };

@@ -287,6 +287,9 @@ pub struct CallOwner {
     metrics: Metrics,
     span: tracing::Span,
     done: bool,
+    /// The request asked for the records on any answer
+    /// ([`LlmRequest::keeps_attempts`](crate::LlmRequest::keeps_attempts)).
+    keep: bool,
 }
 
 impl CallOwner {
@@ -297,12 +300,13 @@ impl CallOwner {
         req: &mut R,
         metrics: &Metrics,
     ) -> Option<CallOwner> {
+        let keep = req.keeps_attempts();
         let log = AttemptLog::install(req)?;
-        Some(CallOwner::owning(log, metrics))
+        Some(CallOwner::owning(log, metrics, keep))
     }
 
     /// The owner of the call whose freshly installed log is `log`.
-    pub(crate) fn owning(log: AttemptLog, metrics: &Metrics) -> CallOwner {
+    pub(crate) fn owning(log: AttemptLog, metrics: &Metrics, keep: bool) -> CallOwner {
         let span = tracing::info_span!(
             "llm.call",
             provider = tracing::field::Empty,
@@ -315,6 +319,7 @@ impl CallOwner {
             metrics: metrics.clone(),
             span,
             done: false,
+            keep,
         }
     }
 
@@ -324,7 +329,10 @@ impl CallOwner {
     }
 
     /// Ends the call: records its metrics and span fields from the attempt
-    /// records, then attaches the records to the response or the error.
+    /// records, then attaches the records to the error, or to the response
+    /// when it carries them at no cost
+    /// ([`RecordsAttempts::ATTACHED_BY_DEFAULT`]) or its request asked
+    /// ([`KeepAttempts`](crate::KeepAttempts)).
     ///
     /// A call that ends on an authentication failure (an error, or an HTTP
     /// 401/403 answer handed back) is logged once, at `error` with
@@ -346,7 +354,8 @@ impl CallOwner {
             return;
         }
         match result {
-            Ok(res) => res.record_attempts(records),
+            Ok(res) if Res::ATTACHED_BY_DEFAULT || self.keep => res.record_attempts(records),
+            Ok(_) => {}
             Err(failure) => failure.set_attempts(records),
         }
     }

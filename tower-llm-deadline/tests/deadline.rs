@@ -280,15 +280,22 @@ where
 
 #[tokio::test(start_paused = true)]
 async fn attempts_reach_the_response_the_error_and_the_deadline_error() {
+    // An http::Response gets the records only when its request asks.
     let ok = DeadlineLayer::new(Duration::from_secs(1))
         .layer(appending(|| Some(Ok(http::Response::new(())))))
-        .oneshot(http::Request::new(()))
+        .oneshot(kept())
         .await
         .expect("ok");
     assert_eq!(
         ok.extensions().get::<Attempts>(),
         Some(&Attempts(vec![record(1)]))
     );
+    let plain = DeadlineLayer::new(Duration::from_secs(1))
+        .layer(appending(|| Some(Ok(http::Response::new(())))))
+        .oneshot(http::Request::new(()))
+        .await
+        .expect("ok");
+    assert!(plain.extensions().is_empty(), "no map unless asked");
 
     let err = DeadlineLayer::new(Duration::from_secs(1))
         .layer(appending(|| {
@@ -314,7 +321,7 @@ async fn nested_deadlines_attach_the_log_once_and_keep_the_earliest() {
     let inner = appending(|| Some(Ok(http::Response::new(()))));
     let svc = DeadlineLayer::new(Duration::from_secs(1))
         .layer(DeadlineLayer::new(Duration::from_secs(9)).layer(inner));
-    let res = svc.oneshot(http::Request::new(())).await.expect("ok");
+    let res = svc.oneshot(kept()).await.expect("ok");
     // One record: the inner deadline layer did not create a second log.
     assert_eq!(
         res.extensions().get::<Attempts>().map(|a| a.0.len()),
@@ -362,4 +369,11 @@ async fn typed_chat_requests_work_too() {
         .await
         .expect("ok");
     assert_eq!(res.attempts, vec![record(1)]);
+}
+
+/// A request that asks for the attempt records on its response.
+fn kept() -> http::Request<()> {
+    let mut req = http::Request::new(());
+    req.extensions_mut().insert(tower_llm_core::KeepAttempts);
+    req
 }

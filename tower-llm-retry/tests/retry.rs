@@ -290,10 +290,7 @@ async fn terminal_http_statuses_are_tried_exactly_once() {
             .layer(DeadlineLayer::new(Duration::from_secs(30)))
             .layer(RetryLayer::http())
             .service(mock.http());
-        let res = svc
-            .oneshot(http::Request::new(()))
-            .await
-            .expect("an HTTP answer");
+        let res = svc.oneshot(kept()).await.expect("an HTTP answer");
         assert_eq!(res.status().as_u16(), status);
         assert_eq!(mock.calls().len(), 1, "status {status}");
         let attempts = &res.extensions().get::<Attempts>().expect("attempts").0;
@@ -610,7 +607,7 @@ async fn http_final_failure_is_the_last_response() {
         .with_rng(FixedFraction(0.5))
         .layer(mock.http());
     let start = Instant::now();
-    let res = svc.oneshot(http::Request::new(())).await.expect("response");
+    let res = svc.oneshot(kept()).await.expect("response");
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(start.elapsed(), MS(1000));
     let attempts = &res.extensions().get::<Attempts>().expect("owned log").0;
@@ -757,7 +754,7 @@ async fn seed_004_a_409_conflict_is_not_retried_unless_the_policy_says_so() {
         .layer(DeadlineLayer::new(Duration::from_secs(30)))
         .layer(RetryLayer::http())
         .service(mock.http());
-    let res = svc.oneshot(http::Request::new(())).await.expect("answer");
+    let res = svc.oneshot(kept()).await.expect("answer");
     assert_eq!(res.status(), 409);
     assert_eq!(mock.calls().len(), 1);
     let attempts = &res.extensions().get::<Attempts>().expect("attempts").0;
@@ -787,4 +784,11 @@ async fn seed_004_a_409_conflict_is_not_retried_unless_the_policy_says_so() {
     let res = svc.oneshot(http::Request::new(())).await.expect("answer");
     assert_eq!(res.status(), 200);
     assert_eq!(mock.gaps(), [MS(200)]);
+}
+
+/// A request that asks for the attempt records on its response.
+fn kept() -> http::Request<()> {
+    let mut req = http::Request::new(());
+    req.extensions_mut().insert(tower_llm_core::KeepAttempts);
+    req
 }
