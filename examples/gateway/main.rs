@@ -233,7 +233,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         let policy = running.policy();
         policy.server.body_read_timeout() + policy.deadline.total()
     };
-    server::serve(listener, gateway.router(), limits, shutdown).await?;
+    server::serve(listener, gateway.router(), limits, shutdown).await;
     tracing::info!(target: "gateway", "stopped");
     Ok(())
 }

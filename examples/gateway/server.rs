@@ -280,18 +280,14 @@ impl hyper::body::Body for Tracked {
 /// Serves `router` on `listener` with `limits` until `shutdown` resolves
 /// (to the grace period); then stops accepting, lets each connection
 /// finish the call it serves for up to that grace, drops the connections
-/// still open, and returns.
-///
-/// # Errors
-///
-/// None yet: accept errors (too many open files, a reset before accept)
-/// are retried after a short pause, as `axum::serve` does.
+/// still open, and returns. Accept errors (too many open files, a reset
+/// before accept) are retried after a short pause, as `axum::serve` does.
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ServerPolicy,
     shutdown: impl Future<Output = Duration> + Send,
-) -> io::Result<()> {
+) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let (stop, stopped) = tokio::sync::watch::channel(Duration::ZERO);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -328,7 +324,6 @@ pub(crate) async fn serve(
     // Every connection holds a slot until it is gone.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(grace + Duration::from_secs(1), slots.acquire_many(all)).await;
-    Ok(())
 }
 
 /// Serves one connection until it ends, a limit closes it, or the

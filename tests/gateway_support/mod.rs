@@ -97,7 +97,7 @@ pub(crate) async fn start(primary: Reply, backup: Reply, extra: &str) -> Harness
     let limits = gateway.server_limits();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let served = tokio::spawn(async move {
-        let _ = server::serve(listener, router, limits, async {
+        server::serve(listener, router, limits, async {
             let _ = stopped.await;
             Duration::from_secs(2)
         })

@@ -141,7 +141,6 @@ pub struct CircuitSnapshot {
     pub probes_in_flight: u32,
 }
 
-/// What a finished call means to the circuit.
 /// Why an attempt was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refusal {
@@ -153,6 +152,7 @@ pub(crate) enum Refusal {
     Held(Duration),
 }
 
+/// What a finished call means to the circuit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
     /// Success: closes a half-open circuit, resets the failure count.

@@ -86,9 +86,10 @@ pub struct BreakerConfig {
     /// (default 1).
     pub half_open_probes: u32,
     /// Hold a key for a 429's `Retry-After` (default on): new attempts on
-    /// the key are refused (circuit open, with the rest of the hold as
-    /// `retry_after`) until the hold ends, then everyone is let through
-    /// again. A hold is not a state change: a closed circuit stays closed
+    /// the key are refused until the hold ends (as circuit open when links
+    /// follow in the fallback chain, so the call goes to the next one; as
+    /// rate limited with the rest of the hold otherwise, so the retry layer
+    /// waits it out), then everyone is let through again. A hold is not a state change: a closed circuit stays closed
     /// (no half-open probing after it), and a held 429 does not count as a
     /// failure toward opening.
     pub rate_limit_hold: bool,

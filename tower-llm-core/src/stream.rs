@@ -222,7 +222,7 @@ impl Joined {
 #[derive(Default)]
 struct Slots {
     at: HashMap<u32, usize>,
-    /// Entries examined by lookups (tests count the work).
+    /// Lookups made, one per chunk or fragment (tests count the work).
     #[cfg(test)]
     probes: usize,
 }
