@@ -19,6 +19,11 @@
 //! ```text
 //! cargo bench --bench typed
 //! ```
+//!
+//! `TYPED_PROFILE=variant:calls` makes only that many calls of one variant
+//! (`bare`, `healthy`, `open`, `tower`, `resilience`) on the 20-message
+//! request and exits, for `valgrind --tool=callgrind` (instruction counts
+//! do not drift with the VM; see `scripts/instructions.py`).
 
 use std::alloc::System;
 use std::future::Future;
@@ -235,9 +240,91 @@ fn requests() -> [(&'static str, ChatRequest); 2] {
     ]
 }
 
+/// `TYPED_PROFILE=variant:calls`: makes `calls` calls of one variant on
+/// the 20-message request and exits.
+fn profile_only() {
+    let Ok(spec) = std::env::var("TYPED_PROFILE") else {
+        return;
+    };
+    let (variant, calls) = spec.split_once(':').unwrap_or((&spec, "1000"));
+    let calls: usize = calls.parse().expect("TYPED_PROFILE=variant:calls");
+    let [(_, req), _] = requests();
+    fn run<S: Service<ChatRequest>>(mut svc: S, req: &ChatRequest, calls: usize) {
+        for _ in 0..calls {
+            black_box(call(&mut svc, req));
+        }
+    }
+    fn size<S: Service<ChatRequest>>(mut svc: S, req: &ChatRequest) -> usize {
+        std::mem::size_of_val(&svc.call(req.clone()))
+    }
+    if variant == "sizes" {
+        println!("request {}", std::mem::size_of::<ChatRequest>());
+        println!("sleep {}", std::mem::size_of::<tokio::time::Sleep>());
+        println!("bare {}", size(bare(), &req));
+        println!("healthy {}", size(full_stack(), &req));
+        println!("resilience {}", size(resilience_peer(), &req));
+        let breaker = BreakerLayer::new();
+        println!(
+            "config {} policy {}",
+            std::mem::size_of::<tower_llm::breaker::BreakerConfig>(),
+            std::mem::size_of::<tower_llm::FailurePolicy>()
+        );
+        let svc = ServiceBuilder::new()
+            .llm_breaker(breaker.clone())
+            .service(bare());
+        println!("breaker service {}", std::mem::size_of_val(&svc));
+        let svc = ServiceBuilder::new()
+            .llm_retry(RetryLayer::new())
+            .llm_breaker(breaker.clone())
+            .service(bare());
+        println!("retry service {}", std::mem::size_of_val(&svc));
+        println!(
+            "breaker {}",
+            size(
+                ServiceBuilder::new()
+                    .llm_breaker(breaker.clone())
+                    .service(bare()),
+                &req
+            )
+        );
+        println!(
+            "retry+breaker {}",
+            size(
+                ServiceBuilder::new()
+                    .llm_retry(RetryLayer::new())
+                    .llm_breaker(breaker.clone())
+                    .service(bare()),
+                &req
+            )
+        );
+        println!(
+            "deadline+retry+breaker {}",
+            size(
+                ServiceBuilder::new()
+                    .layer(DeadlineLayer::new(Duration::from_secs(30)))
+                    .llm_retry(RetryLayer::new())
+                    .llm_breaker(breaker.clone())
+                    .service(bare()),
+                &req
+            )
+        );
+        std::process::exit(0);
+    }
+    match variant {
+        "bare" => run(bare(), &req, calls),
+        "healthy" => run(full_stack(), &req, calls),
+        "open" => run(fast_failing(), &req, calls),
+        "tower" => run(tower_peer(), &req, calls),
+        "resilience" => run(resilience_peer(), &req, calls),
+        other => panic!("unknown TYPED_PROFILE variant {other:?}"),
+    }
+    std::process::exit(0);
+}
+
 fn main() {
     let rt = current_thread();
     let _guard = rt.enter();
+    profile_only();
     for (name, req) in requests() {
         let mut plain = bare();
         let mut ours = full_stack();

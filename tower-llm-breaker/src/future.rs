@@ -6,11 +6,11 @@ use std::task::{Context, Poll, ready};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_llm_core::{
-    AttemptLog, AttemptOutcome, BoxError, Classify, Failure, FailureClass, FailurePolicy, Outcome,
+    AttemptLog, AttemptOutcome, BoxError, Classify, Failure, FailureClass, Outcome,
 };
 
 use crate::circuit::{Admission, Circuit, Verdict};
-use crate::{BreakerConfig, BreakerCount, Observer};
+use crate::{BreakerCount, BreakerLayer};
 
 /// The record of an attempt the breaker made itself (no retry layer
 /// outside made one): finished when the call ends or is dropped.
@@ -26,20 +26,8 @@ impl OwnRecord {
     /// Completes the record from the call's outcome, and names the
     /// provider and model in an error.
     fn finish<Res>(self, outcome: &Outcome, result: &mut Result<Res, Failure>) {
-        let elapsed = self.start.elapsed();
-        let mut origin = None;
-        self.log.finish(self.index, |r| {
-            r.outcome = match outcome {
-                Outcome::Success { .. } => AttemptOutcome::Succeeded,
-                Outcome::Failure(c) => AttemptOutcome::Failed(c.class),
-            };
-            r.elapsed = elapsed;
-            r.http_status = outcome.http_status().map(|s| s.as_u16());
-            origin = Some((r.provider.clone(), r.model.clone()));
-        });
-        if let (Err(e), Some((provider, model))) = (result, origin) {
-            e.set_origin_if_unset(provider, model);
-        }
+        self.log
+            .complete(self.index, outcome, self.start.elapsed(), result);
     }
 
     /// Completes the record of a call dropped before it ended.
@@ -62,15 +50,13 @@ impl OwnRecord {
 /// call ends, and on drop without an outcome releases a probe slot (or,
 /// when the attempt log says the attempt timed out, counts the timeout).
 ///
-/// It carries copies of the few settings it needs rather than a reference
-/// to the shared layer: one less shared reference count to bump per call.
-pub(crate) struct Guard<C> {
+/// It reads the layer's settings through the layer's shared pointer (one
+/// reference count per call) rather than carrying copies of them: every
+/// byte of a response future is copied again by each layer outside it.
+pub(crate) struct Guard<K, C> {
     pub(crate) circuit: Arc<Circuit>,
     pub(crate) admission: Admission,
-    pub(crate) config: BreakerConfig,
-    pub(crate) failures: FailurePolicy,
-    pub(crate) classifier: C,
-    pub(crate) observer: Option<Observer>,
+    pub(crate) shared: Arc<BreakerLayer<K, C>>,
     pub(crate) start: Option<Instant>,
     /// The call's attempt log and the record of the attempt this call
     /// belongs to (when a retry layer outside made one).
@@ -80,7 +66,7 @@ pub(crate) struct Guard<C> {
     pub(crate) done: bool,
 }
 
-impl<C> std::fmt::Debug for Guard<C> {
+impl<K, C> std::fmt::Debug for Guard<K, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Guard")
             .field("circuit", &self.circuit)
@@ -89,17 +75,18 @@ impl<C> std::fmt::Debug for Guard<C> {
     }
 }
 
-impl<C> Guard<C> {
+impl<K, C> Guard<K, C> {
     fn record(mut self, verdict: Verdict) {
         self.done = true;
-        let transition = self.circuit.record(self.admission, verdict, &self.config);
-        crate::layer::announce(self.observer.as_ref(), transition.as_ref());
+        let shared = &*self.shared;
+        let transition = self.circuit.record(self.admission, verdict, &shared.config);
+        crate::layer::announce(shared.observer.as_ref(), transition.as_ref());
     }
 
     fn verdict(&self, outcome: &Outcome) -> Verdict {
         match *outcome {
             Outcome::Success { .. } => {
-                let slow = match (self.config.slow_call, self.start) {
+                let slow = match (self.shared.config.slow_call, self.start) {
                     (Some(limit), Some(start)) => start.elapsed() >= limit,
                     _ => false,
                 };
@@ -110,12 +97,14 @@ impl<C> Guard<C> {
                 }
             }
             Outcome::Failure(c) => {
-                if self.failures.get(c.class).trip_breaker {
+                if self.shared.failures.get(c.class).trip_breaker {
                     match c.class {
-                        FailureClass::RateLimited => match self.config.hold_for(c.retry_after) {
-                            Some(hold) => Verdict::Hold(hold),
-                            None => Verdict::Failure,
-                        },
+                        FailureClass::RateLimited => {
+                            match self.shared.config.hold_for(c.retry_after) {
+                                Some(hold) => Verdict::Hold(hold),
+                                None => Verdict::Failure,
+                            }
+                        }
                         _ => Verdict::Failure,
                     }
                 } else {
@@ -131,7 +120,7 @@ impl<C> Guard<C> {
     /// log at the moment it is counted, so a held 429 or an outcome that
     /// counted nothing never mutes a later failure).
     fn counts_failure(&self) -> bool {
-        if self.config.count != BreakerCount::Calls {
+        if self.shared.config.count != BreakerCount::Calls {
             return true;
         }
         match &self.attempt {
@@ -141,7 +130,7 @@ impl<C> Guard<C> {
     }
 }
 
-impl<C> Drop for Guard<C> {
+impl<K, C> Drop for Guard<K, C> {
     fn drop(&mut self) {
         if let Some(own) = self.own.take() {
             own.abandon();
@@ -157,10 +146,11 @@ impl<C> Drop for Guard<C> {
                 && self.counts_failure()
         });
         if timed_out {
+            let shared = &*self.shared;
             let transition = self
                 .circuit
-                .record(self.admission, Verdict::Failure, &self.config);
-            crate::layer::announce(self.observer.as_ref(), transition.as_ref());
+                .record(self.admission, Verdict::Failure, &shared.config);
+            crate::layer::announce(shared.observer.as_ref(), transition.as_ref());
         } else {
             self.circuit.release(self.admission);
         }
@@ -170,9 +160,9 @@ impl<C> Drop for Guard<C> {
 pin_project! {
     /// Response future of [`Breaker`](crate::Breaker).
     #[derive(Debug)]
-    pub struct ResponseFuture<F, C> {
+    pub struct ResponseFuture<F, K, C> {
         #[pin]
-        state: State<F, C>,
+        state: State<F, K, C>,
     }
 }
 
@@ -180,12 +170,12 @@ pin_project! {
     #[project = StateProj]
     #[project_replace = StateReplace]
     #[derive(Debug)]
-    enum State<F, C> {
+    enum State<F, K, C> {
         // Admitted: the inner call, and what to record when it ends.
         Running {
             #[pin]
             inner: F,
-            guard: Guard<C>,
+            guard: Guard<K, C>,
         },
         // Refused by the circuit (or a hold): this failure, at once.
         Refused { failure: Failure },
@@ -193,21 +183,21 @@ pin_project! {
     }
 }
 
-impl<F, C> ResponseFuture<F, C> {
+impl<F, K, C> ResponseFuture<F, K, C> {
     pub(crate) fn refused(failure: Failure) -> Self {
         ResponseFuture {
             state: State::Refused { failure },
         }
     }
 
-    pub(crate) fn running(inner: F, guard: Guard<C>) -> Self {
+    pub(crate) fn running(inner: F, guard: Guard<K, C>) -> Self {
         ResponseFuture {
             state: State::Running { inner, guard },
         }
     }
 }
 
-impl<F, C, Res, E> Future for ResponseFuture<F, C>
+impl<F, K, C, Res, E> Future for ResponseFuture<F, K, C>
 where
     F: Future<Output = Result<Res, E>>,
     E: Into<BoxError> + 'static,
@@ -230,7 +220,7 @@ where
         // The inner future is dropped here, before the outcome is recorded
         // (as when the call is cut short: see `Guard`'s drop).
         if let StateReplace::Running { mut guard, .. } = state.project_replace(State::Done) {
-            let outcome = guard.classifier.classify(&result);
+            let outcome = guard.shared.classifier.classify(&result);
             if let Some(own) = guard.own.take() {
                 own.finish(&outcome, &mut result);
             }

@@ -71,7 +71,7 @@ where
 {
     type Response = S::Response;
     type Error = Failure;
-    type Future = ResponseFuture<S::Future, C>;
+    type Future = ResponseFuture<S::Future, K, C>;
 
     /// Passes the inner service's readiness through: an open circuit is
     /// refused in `call`, never by `poll_ready` (the load-shed pattern; the
@@ -136,7 +136,7 @@ where
         match admission {
             Err(refusal) => {
                 let key = circuit.key();
-                let mut failure = match refusal {
+                let failure = match refusal {
                     Refusal::Open(retry_after) => {
                         tracing::debug!(
                             provider = key.provider(),
@@ -156,7 +156,9 @@ where
                         .with_retry_after(rest)
                         .with_message("held by the provider's Retry-After"),
                 };
-                failure.set_origin_if_unset(key.provider_arc().clone(), key.model_arc().clone());
+                let failure = failure
+                    .with_provider(key.provider_arc().clone())
+                    .with_model(key.model_arc().clone());
                 let class = failure.class();
                 if let Some(own) = own {
                     own.log.finish(own.index, |r| {
@@ -169,10 +171,7 @@ where
                 let guard = Guard {
                     circuit,
                     admission,
-                    config: shared.config,
-                    failures: shared.failures,
-                    classifier: shared.classifier.clone(),
-                    observer: shared.observer.clone(),
+                    shared: shared.clone(),
                     start: shared.config.slow_call.map(|_| Instant::now()),
                     attempt,
                     own,

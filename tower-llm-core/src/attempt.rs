@@ -412,6 +412,33 @@ impl AttemptLog {
         }
     }
 
+    /// Completes the record reserved by [`begin`](Self::begin) from the
+    /// attempt's classified `outcome` (its outcome, elapsed time and HTTP
+    /// status), and names the record's provider and model in `result`'s
+    /// error when the error names none yet. The layer that made the record
+    /// calls this once, when the attempt ends.
+    pub fn complete<Res>(
+        &self,
+        index: usize,
+        outcome: &crate::Outcome,
+        elapsed: Duration,
+        result: &mut Result<Res, Failure>,
+    ) {
+        let mut guard = self.lock();
+        let Some(r) = guard.records.get_mut(index) else {
+            return;
+        };
+        r.outcome = match outcome {
+            crate::Outcome::Success { .. } => AttemptOutcome::Succeeded,
+            crate::Outcome::Failure(c) => AttemptOutcome::Failed(c.class),
+        };
+        r.elapsed = elapsed;
+        r.http_status = outcome.http_status().map(|s| s.as_u16());
+        if let Err(e) = result {
+            e.set_origin_if_unset(&r.provider, &r.model);
+        }
+    }
+
     /// `true` once [`MAX_ATTEMPTS_PER_CALL`] records are in: a layer must
     /// not start another attempt.
     pub fn is_full(&self) -> bool {
@@ -625,6 +652,71 @@ mod tests {
             Duration::from_millis(8),
         )
         .with_http_status(Some(503))
+    }
+
+    #[test]
+    fn complete_fills_the_record_and_names_the_link_in_an_unnamed_error() {
+        let log = AttemptLog::new();
+        let link = Link::new("openai", "gpt-4o");
+        let first = log
+            .begin(AttemptRecord::new(
+                &link,
+                1,
+                AttemptOutcome::InFlight,
+                Duration::ZERO,
+            ))
+            .expect("room");
+        let failed = crate::Outcome::Failure(crate::Classified {
+            http_status: Some(http::StatusCode::SERVICE_UNAVAILABLE),
+            ..crate::Classified::new(FailureClass::Transient)
+        });
+        let mut result: Result<(), Failure> = Err(Failure::new(FailureClass::Transient));
+        log.complete(first, &failed, Duration::from_millis(7), &mut result);
+        let record = &log.snapshot()[0];
+        assert_eq!(
+            record.outcome,
+            AttemptOutcome::Failed(FailureClass::Transient)
+        );
+        assert_eq!(record.elapsed, Duration::from_millis(7));
+        assert_eq!(record.http_status, Some(503));
+        let err = result.expect_err("still the failure");
+        assert_eq!(
+            (err.provider(), err.model()),
+            (Some("openai"), Some("gpt-4o"))
+        );
+
+        // An error that already names its origin keeps it.
+        let second = log
+            .begin(AttemptRecord::new(
+                &link,
+                2,
+                AttemptOutcome::InFlight,
+                Duration::ZERO,
+            ))
+            .expect("room");
+        let mut result: Result<(), Failure> =
+            Err(Failure::new(FailureClass::Transient).with_provider("anthropic"));
+        log.complete(second, &failed, Duration::ZERO, &mut result);
+        assert_eq!(result.expect_err("failure").provider(), Some("anthropic"));
+
+        // A success fills the record and leaves the answer alone.
+        let third = log
+            .begin(AttemptRecord::new(
+                &link,
+                3,
+                AttemptOutcome::InFlight,
+                Duration::ZERO,
+            ))
+            .expect("room");
+        let mut ok: Result<(), Failure> = Ok(());
+        log.complete(
+            third,
+            &crate::Outcome::Success { http_status: None },
+            Duration::ZERO,
+            &mut ok,
+        );
+        assert_eq!(log.snapshot()[2].outcome, AttemptOutcome::Succeeded);
+        assert!(ok.is_ok());
     }
 
     #[test]

@@ -54,8 +54,12 @@ use crate::{AttemptLog, ChatRequest, Deadline, EmbeddingRequest, Link, NotReplay
 ///    breaker (inside it) can tell an attempt cut by the retry layer's
 ///    timeout (the record is there) from a call abandoned by the caller
 ///    (it is not). Without a retry layer, the breaker writes the record of
-///    each attempt it admits or refuses. The fallback layer rewrites the
-///    `next` step of the previous link's last record when it fails over.
+///    each attempt it admits or refuses. The layer that wrote a record
+///    completes it with [`AttemptLog::complete`], which also names the
+///    record's provider and model in an error that names none (a
+///    [`Failure`](crate::Failure)'s origin is set nowhere else). The
+///    fallback layer rewrites the `next` step of the previous link's last
+///    record when it fails over.
 /// 6. **Copies for later.** A layer that may send a request again (the
 ///    retry layer's next attempt, the fallback layer's next link) keeps a
 ///    [`Replay`] copy: the request without its carrier, and the carrier

@@ -226,19 +226,13 @@ impl Failure {
         self
     }
 
-    /// Attaches the per-call attempt log.
-    #[must_use]
-    pub fn with_attempts(mut self, attempts: Vec<AttemptRecord>) -> Self {
-        self.inner.attempts = attempts;
-        self
-    }
-
-    /// Sets the provider and model in place, if no provider is set yet (the
-    /// retry layer names the link an attempt went to this way).
-    pub fn set_origin_if_unset(&mut self, provider: Arc<str>, model: Arc<str>) {
+    /// Sets the provider and model in place, if no provider is set yet
+    /// (through [`AttemptLog::complete`](crate::AttemptLog::complete): the
+    /// layer that made an attempt's record names its link this way).
+    pub(crate) fn set_origin_if_unset(&mut self, provider: &Arc<str>, model: &Arc<str>) {
         if self.inner.provider.is_none() {
-            self.inner.provider = Some(provider);
-            self.inner.model = Some(model);
+            self.inner.provider = Some(provider.clone());
+            self.inner.model = Some(model.clone());
         }
     }
 
@@ -256,8 +250,9 @@ impl Failure {
         self.inner.all_links_failed
     }
 
-    /// Attaches the per-call attempt log in place.
-    pub fn set_attempts(&mut self, attempts: Vec<AttemptRecord>) {
+    /// Attaches the per-call attempt log in place (the call's owner does,
+    /// through [`AttemptLog::attach`](crate::AttemptLog::attach)).
+    pub(crate) fn set_attempts(&mut self, attempts: Vec<AttemptRecord>) {
         self.inner.attempts = attempts;
     }
 

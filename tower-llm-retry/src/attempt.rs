@@ -122,24 +122,25 @@ where
             Some(d) if d <= timeout_at => (d, true),
             _ => (timeout_at, false),
         };
-        let mut fut = AttemptFuture {
+        // Built in one expression at the end: a response future is copied
+        // each time it is moved, so it is not built and then patched.
+        let early = |early: Failure, span| AttemptFuture {
             call: Bounded::expired(until),
             deadline_bound,
-            early: None,
+            early: Some(early),
             record: None,
             start,
             classifier: shared.classifier.clone(),
             finished: false,
-            span: tracing::Span::none(),
+            span,
         };
         if deadline.is_some_and(|d| d <= start) {
             // Nothing starts after the deadline.
-            fut.early = Some(Failure::deadline_exceeded());
-            return fut;
+            return early(Failure::deadline_exceeded(), tracing::Span::none());
         }
         let link = call.and_then(Call::link).unwrap_or(&shared.link);
         let number = call.map_or(1, Call::attempt);
-        fut.span = tracing::info_span!(
+        let span = tracing::info_span!(
             "llm.attempt",
             provider = link.provider(),
             model = link.model(),
@@ -148,22 +149,28 @@ where
             outcome = tracing::field::Empty,
             http_status = tracing::field::Empty,
         );
+        let mut record = None;
         if let Some(log) = call.and_then(Call::log) {
-            let record = AttemptRecord::new(link, number, AttemptOutcome::InFlight, Duration::ZERO);
-            match log.begin(record) {
-                Ok(index) => fut.record = Some((log.clone(), index)),
-                Err(cap) => {
-                    fut.early = Some(cap);
-                    return fut;
-                }
+            let begun = AttemptRecord::new(link, number, AttemptOutcome::InFlight, Duration::ZERO);
+            match log.begin(begun) {
+                Ok(index) => record = Some((log.clone(), index)),
+                Err(cap) => return early(cap, span),
             }
         }
-        let call = {
-            let _span = fut.span.enter();
+        let inner = {
+            let _span = span.enter();
             self.inner.call(req)
         };
-        fut.call = Bounded::new(call, until);
-        fut
+        AttemptFuture {
+            call: Bounded::new(inner, until),
+            deadline_bound,
+            early: None,
+            record,
+            start,
+            classifier: shared.classifier.clone(),
+            finished: false,
+            span,
+        }
     }
 }
 
@@ -258,22 +265,7 @@ where
         if let Some((log, index)) = this.record.take() {
             let outcome = this.classifier.classify(&result);
             let elapsed = this.start.elapsed();
-            let mut link = None;
-            log.finish(index, |r| {
-                r.outcome = match outcome {
-                    Outcome::Success { .. } => AttemptOutcome::Succeeded,
-                    Outcome::Failure(c) => AttemptOutcome::Failed(c.class),
-                };
-                r.elapsed = elapsed;
-                r.http_status = outcome.http_status().map(|s| s.as_u16());
-                if result.is_err() {
-                    link = Some((r.provider.clone(), r.model.clone()));
-                }
-            });
-            // Name the provider and model in the error.
-            if let (Err(e), Some((provider, model))) = (&mut result, link) {
-                e.set_origin_if_unset(provider, model);
-            }
+            log.complete(index, &outcome, elapsed, &mut result);
         }
         *this.finished = true;
         if expired {
