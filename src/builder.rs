@@ -7,6 +7,7 @@ use tower::layer::util::Stack;
 use tower_llm_breaker::BreakerLayer;
 use tower_llm_deadline::DeadlineLayer;
 use tower_llm_fallback::FallbackLayer;
+use tower_llm_hedge::HedgeLayer;
 use tower_llm_retry::RetryLayer;
 
 mod sealed {
@@ -66,6 +67,10 @@ pub trait ServiceBuilderExt<L>: sealed::Sealed<L> + Sized {
     /// deadline and fallback layers, outside the breaker.
     fn llm_retry<C>(self, retry: RetryLayer<C>) -> ServiceBuilder<Stack<RetryLayer<C>, L>>;
 
+    /// Adds a [`HedgeLayer`] (one per link). Put it inside the fallback
+    /// layer, outside the link's retry and breaker.
+    fn llm_hedge(self, hedge: HedgeLayer) -> ServiceBuilder<Stack<HedgeLayer, L>>;
+
     /// Adds a [`BreakerLayer`] (`BreakerLayer::new()` for chat services,
     /// `BreakerLayer::http()` for raw HTTP). Put it inside the retry layer,
     /// right around the provider.
@@ -89,6 +94,10 @@ impl<L> ServiceBuilderExt<L> for ServiceBuilder<L> {
 
     fn llm_retry<C>(self, retry: RetryLayer<C>) -> ServiceBuilder<Stack<RetryLayer<C>, L>> {
         self.layer(retry)
+    }
+
+    fn llm_hedge(self, hedge: HedgeLayer) -> ServiceBuilder<Stack<HedgeLayer, L>> {
+        self.layer(hedge)
     }
 
     fn llm_breaker<K, C>(

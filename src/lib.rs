@@ -134,6 +134,13 @@ pub mod fallback {
     };
 }
 
+/// The hedge layer ([`tower_llm_hedge`]).
+pub mod hedge {
+    pub use tower_llm_hedge::{
+        CrossHedgeLayer, Hedge, HedgeConfig, HedgeLayer, InvalidHedgeConfig, ResponseFuture,
+    };
+}
+
 /// Provider services ([`tower_llm_providers`]): OpenAI, Anthropic, AWS Bedrock.
 pub mod providers {
     #[cfg(feature = "https")]
@@ -154,6 +161,7 @@ pub mod prelude {
     pub use crate::breaker::{BreakerConfig, BreakerLayer};
     pub use crate::deadline::DeadlineLayer;
     pub use crate::fallback::{FallbackLayer, LinkSpec};
+    pub use crate::hedge::{HedgeConfig, HedgeLayer};
     pub use crate::retry::{Backoff, RetryLayer};
     pub use tower_llm_core::{
         ChatRequest, ChatResponse, ChatStream, Deadline, Failure, FailureClass, LlmRequest, Message,

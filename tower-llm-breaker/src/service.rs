@@ -1,6 +1,5 @@
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use tokio::time::Instant;
 use tower_llm_core::{
@@ -96,14 +95,7 @@ where
             match log.in_flight() {
                 Some(index) => attempt = Some((log.clone(), index)),
                 None => {
-                    let link = view.and_then(Call::link).unwrap_or(&shared.link);
-                    let record = AttemptRecord::new(
-                        link,
-                        view.map_or(1, Call::attempt),
-                        AttemptOutcome::InFlight,
-                        Duration::ZERO,
-                    );
-                    match log.begin(record) {
+                    match log.begin(AttemptRecord::begun(view, &shared.link)) {
                         Ok(index) => {
                             own = Some(OwnRecord {
                                 log: log.clone(),

@@ -27,6 +27,10 @@ pub enum AttemptOutcome {
     /// is over: an attempt dropped early is marked cancelled or deadline
     /// exceeded).
     InFlight,
+    /// The attempt was dropped because another attempt of the same call (a
+    /// hedge, or the attempt a hedge raced) answered first. Not a failure
+    /// of its link: it neither trips nor resets a circuit.
+    CancelledByHedge,
 }
 
 /// What the layers did after an attempt.
@@ -108,6 +112,8 @@ pub enum AttemptStatus {
     Failed,
     /// The link was skipped: the request's policy forbids it.
     SkippedByPolicy,
+    /// Dropped because a racing attempt of the same call answered first.
+    CancelledByHedge,
 }
 
 impl AttemptStatus {
@@ -126,6 +132,7 @@ impl AttemptStatus {
             AttemptStatus::DeadlineExceededMidCall => "deadline_exceeded_mid_call",
             AttemptStatus::Failed => "failed",
             AttemptStatus::SkippedByPolicy => "skipped_by_policy",
+            AttemptStatus::CancelledByHedge => "cancelled_by_hedge",
         }
     }
 }
@@ -184,6 +191,10 @@ pub struct AttemptRecord {
     /// For a failed attempt the retry layer did not repeat: why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_stop: Option<RetryStop>,
+    /// The attempt was a hedge: started by a hedge layer while an earlier
+    /// attempt of the same call was still running.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hedge: bool,
 }
 
 impl AttemptRecord {
@@ -199,7 +210,22 @@ impl AttemptRecord {
             elapsed,
             http_status: None,
             retry_stop: None,
+            hedge: false,
         }
+    }
+
+    /// The in-flight record of an attempt about to be sent with `call`:
+    /// its link (or `link` when the call names none), attempt number and
+    /// whether it is a hedge, read from the carrier.
+    pub fn begun(call: Option<&Call>, link: &Link) -> Self {
+        let mut record = AttemptRecord::new(
+            call.and_then(Call::link).unwrap_or(link),
+            call.map_or(1, Call::attempt),
+            AttemptOutcome::InFlight,
+            Duration::ZERO,
+        );
+        record.hedge = call.is_some_and(Call::is_hedge);
+        record
     }
 
     /// The seed-002 status of this attempt.
@@ -208,6 +234,7 @@ impl AttemptRecord {
             AttemptOutcome::Succeeded => return AttemptStatus::Succeeded,
             AttemptOutcome::SkippedByPolicy => return AttemptStatus::SkippedByPolicy,
             AttemptOutcome::InFlight => return AttemptStatus::Failed,
+            AttemptOutcome::CancelledByHedge => return AttemptStatus::CancelledByHedge,
             AttemptOutcome::Failed(class) => class,
         };
         match self.next {
@@ -238,7 +265,8 @@ impl AttemptRecord {
         match self.outcome {
             AttemptOutcome::Succeeded
             | AttemptOutcome::SkippedByPolicy
-            | AttemptOutcome::InFlight => None,
+            | AttemptOutcome::InFlight
+            | AttemptOutcome::CancelledByHedge => None,
             AttemptOutcome::Failed(FailureClass::RateLimited) => Some(RetryReason::Status429),
             AttemptOutcome::Failed(FailureClass::Timeout) => Some(RetryReason::Timeout),
             AttemptOutcome::Failed(FailureClass::Transient) => Some(match self.http_status {
@@ -472,6 +500,39 @@ impl AttemptLog {
         match records.last() {
             Some(r) if r.outcome == AttemptOutcome::InFlight => Some(records.len() - 1),
             _ => None,
+        }
+    }
+
+    /// Drops the losing branch of a hedged call (`drop_loser` drops its
+    /// future) and marks the records it left in flight
+    /// [`CancelledByHedge`](AttemptOutcome::CancelledByHedge) (rule 7 of
+    /// the [carrier's contract](crate::Call)). Call it once the winner has
+    /// answered: every record still in flight then is the loser's. The
+    /// loser's layers see an ordinary cancellation while it is dropped (a
+    /// breaker releases its slot and counts nothing); the record says why
+    /// afterwards.
+    pub fn drop_hedge_loser(&self, drop_loser: impl FnOnce()) {
+        let in_flight: Vec<usize> = {
+            let inner = self.lock();
+            inner
+                .records
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.outcome == AttemptOutcome::InFlight)
+                .map(|(i, _)| i)
+                .collect()
+        };
+        drop_loser();
+        let mut inner = self.lock();
+        for i in in_flight {
+            if let Some(r) = inner.records.get_mut(i) {
+                if matches!(
+                    r.outcome,
+                    AttemptOutcome::InFlight | AttemptOutcome::Failed(FailureClass::Cancelled)
+                ) {
+                    r.outcome = AttemptOutcome::CancelledByHedge;
+                }
+            }
         }
     }
 

@@ -65,6 +65,16 @@ use crate::{AttemptLog, ChatRequest, Deadline, EmbeddingRequest, Link, NotReplay
 ///    [`Replay`] copy: the request without its carrier, and the carrier
 ///    beside it, put back when the copy is sent. A request that is not
 ///    [replayable](LlmRequest::is_replayable) is sent once.
+/// 7. **Hedges.** A hedge layer sends a [`Replay`] copy marked
+///    [`Call::set_hedge`] while the first attempt still runs; the records
+///    of the hedge's attempts say [`hedge`](crate::AttemptRecord::hedge).
+///    Records are completed by index, never as "the latest", since two
+///    branches append concurrently. When one branch answers, the hedge
+///    layer drops the other through [`AttemptLog::drop_hedge_loser`]: the
+///    loser's layers see an ordinary cancellation, and its in-flight
+///    records end as
+///    [`CancelledByHedge`](crate::AttemptOutcome::CancelledByHedge), which
+///    metrics and "the last attempt" of a call skip.
 ///
 ///
 /// [`CallOwner::install`]: crate::CallOwner::install
@@ -92,6 +102,8 @@ pub struct Call {
     link: Option<Link>,
     /// The number of the attempt this copy is for (0: unset, read as 1).
     attempt: u8,
+    /// This copy is a hedge (rule 7).
+    hedge: bool,
 }
 
 impl Call {
@@ -113,6 +125,18 @@ impl Call {
     /// The number of the attempt this request copy is for (1 when unset).
     pub fn attempt(&self) -> u8 {
         self.attempt.max(1)
+    }
+
+    /// `true` when this request copy is a hedge: sent by a hedge layer while
+    /// an earlier attempt of the call is still running (rule 7). Its
+    /// attempt records say so ([`AttemptRecord::hedge`](crate::AttemptRecord::hedge)).
+    pub fn is_hedge(&self) -> bool {
+        self.hedge
+    }
+
+    /// Marks this request copy as a hedge (the hedge layer's rule 7).
+    pub fn set_hedge(&mut self, hedge: bool) {
+        self.hedge = hedge;
     }
 
     /// Sets the number of the attempt this request copy is for (the retry

@@ -84,4 +84,4 @@ pub use retry_after::{
     retry_after_at,
 };
 pub use stream::{ChatStream, ChunkStream};
-pub use telemetry::{CallOwner, GenAiMetrics, Metrics};
+pub use telemetry::{CallOwner, GenAiMetrics, HedgeOutcome, Metrics};

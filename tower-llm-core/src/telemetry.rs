@@ -16,9 +16,11 @@
 //! | `ai_router_latency_ms` | histogram, one per attempt | `provider`, `model` |
 //! | `ai_router_deadline_exceeded_total` | counter | none |
 //! | `ai_router_attempts_per_call` | histogram, one per logical call | `final_outcome` (as `outcome`) |
+//! | `ai_router_hedges_total` | counter, one per hedge decision | `outcome` ∈ `won`, `lost`, `skipped_budget` |
 //!
 //! They are recorded by the layer that owns the call's [`AttemptLog`] (the
-//! outermost tower-llm layer), once, when the call ends, from the call's
+//! outermost tower-llm layer), once, when the call ends (the hedge counter
+//! by the hedge layer, when it decides), from the call's
 //! attempt records: so the counts of one call always agree with each other
 //! and with the records returned to the caller. Provider and model labels
 //! come from configuration only: the [`Link`](crate::Link) names given to
@@ -112,7 +114,30 @@ impl CallOutcome {
     }
 }
 
+/// The outcome label of `ai_router_hedges_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HedgeOutcome {
+    /// A hedge was sent and answered first.
+    Won,
+    /// A hedge was sent and the first attempt answered first.
+    Lost,
+    /// A hedge was due but the hedge budget refused it.
+    SkippedBudget,
+}
+
+impl HedgeOutcome {
+    /// `won`, `lost` or `skipped_budget`.
+    pub const fn as_metric_label(self) -> &'static str {
+        match self {
+            HedgeOutcome::Won => "won",
+            HedgeOutcome::Lost => "lost",
+            HedgeOutcome::SkippedBudget => "skipped_budget",
+        }
+    }
+}
+
 struct Instruments {
+    hedges: Counter<u64>,
     calls: Counter<u64>,
     retries: Counter<u64>,
     failovers: Counter<u64>,
@@ -143,6 +168,12 @@ impl Metrics {
     /// The instruments, created on `meter`.
     pub fn new(meter: &Meter) -> Self {
         let instruments = Instruments {
+            hedges: meter
+                .u64_counter("ai_router_hedges")
+                .with_description(
+                    "Hedge decisions: a hedge that won, lost, or was refused by its budget",
+                )
+                .build(),
             calls: meter
                 .u64_counter("ai_router_calls")
                 .with_description("Logical LLM calls, one per terminal decision")
@@ -195,6 +226,14 @@ impl Metrics {
         self.inner.is_some()
     }
 
+    /// Counts one hedge decision.
+    pub fn record_hedge(&self, outcome: HedgeOutcome) {
+        if let Some(m) = self.inner.as_deref() {
+            m.hedges
+                .add(1, &[KeyValue::new("outcome", outcome.as_metric_label())]);
+        }
+    }
+
     /// Records a finished logical call: `failure` is its error (`None` on
     /// success), `attempts` its attempt records.
     pub fn record_call(&self, failure: Option<&Failure>, attempts: &[AttemptRecord]) {
@@ -213,6 +252,11 @@ impl Metrics {
                 continue;
             }
             made += 1;
+            if record.outcome == AttemptOutcome::CancelledByHedge {
+                // Raced and lost: an upstream call, but neither a failover
+                // nor "the last link" of the call.
+                continue;
+            }
             if let Some(prev) = previous {
                 if prev.fallback_position != record.fallback_position {
                     m.failovers.add(
@@ -266,10 +310,12 @@ impl Metrics {
 
 /// The last attempt a call made (skipped links are not attempts).
 fn last_attempt(attempts: &[AttemptRecord]) -> Option<&AttemptRecord> {
-    attempts
-        .iter()
-        .rev()
-        .find(|r| r.outcome != AttemptOutcome::SkippedByPolicy)
+    attempts.iter().rev().find(|r| {
+        !matches!(
+            r.outcome,
+            AttemptOutcome::SkippedByPolicy | AttemptOutcome::CancelledByHedge
+        )
+    })
 }
 
 /// What the layer that owns a logical call holds until the call ends: the

@@ -129,6 +129,7 @@ where
             deadline_bound,
             early: Some(early),
             record: None,
+            index: None,
             start,
             classifier: shared.classifier.clone(),
             finished: false,
@@ -138,20 +139,19 @@ where
             // Nothing starts after the deadline.
             return early(Failure::deadline_exceeded(), tracing::Span::none());
         }
-        let link = call.and_then(Call::link).unwrap_or(&shared.link);
-        let number = call.map_or(1, Call::attempt);
+        let begun = AttemptRecord::begun(call, &shared.link);
         let span = tracing::info_span!(
             "llm.attempt",
-            provider = link.provider(),
-            model = link.model(),
-            attempt = number,
-            fallback_position = link.position(),
+            provider = &*begun.provider,
+            model = &*begun.model,
+            attempt = begun.attempt,
+            fallback_position = begun.fallback_position,
+            hedge = begun.hedge,
             outcome = tracing::field::Empty,
             http_status = tracing::field::Empty,
         );
         let mut record = None;
         if let Some(log) = call.and_then(Call::log) {
-            let begun = AttemptRecord::new(link, number, AttemptOutcome::InFlight, Duration::ZERO);
             match log.begin(begun) {
                 Ok(index) => record = Some((log.clone(), index)),
                 Err(cap) => return early(cap, span),
@@ -165,6 +165,7 @@ where
             call: Bounded::new(inner, until),
             deadline_bound,
             early: None,
+            index: record.as_ref().map(|(_, i)| *i),
             record,
             start,
             classifier: shared.classifier.clone(),
@@ -188,6 +189,8 @@ pin_project! {
         early: Option<Failure>,
         // The call's log and this attempt's record in it, until finished.
         record: Option<(AttemptLog, usize)>,
+        // This attempt's record in the call's log, kept after it finished.
+        index: Option<usize>,
         start: Instant,
         classifier: C,
         // Set once it has resolved.
@@ -214,6 +217,14 @@ pin_project! {
                 this.span.record("outcome", class.as_metric_label());
             }
         }
+    }
+}
+
+impl<F, C> AttemptFuture<F, C> {
+    /// The index of this attempt's record in the call's attempt log, if it
+    /// made one (still known after the attempt ended).
+    pub fn record_index(&self) -> Option<usize> {
+        self.index
     }
 }
 

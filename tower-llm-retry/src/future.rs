@@ -85,12 +85,13 @@ where
         let _span = this.owner.as_ref().map(|o| o.span().enter());
         let mut result = loop {
             match this.state.as_mut().project() {
-                StateProj::Called { fut } => {
-                    let mut result = ready!(fut.poll(cx));
+                StateProj::Called { mut fut } => {
+                    let mut result = ready!(fut.as_mut().poll(cx));
                     let Some(copy) = this.copy.as_mut() else {
                         break result;
                     };
-                    let wait = this.policy.decide(&mut result, copy);
+                    let index = fut.record_index();
+                    let wait = this.policy.decide(&mut result, index, copy);
                     match wait {
                         Some(sleep) => this.state.set(State::Waiting {
                             sleep: Box::pin(sleep),

@@ -102,25 +102,39 @@ impl<C> RetryPolicy<C> {
         }
     }
 
-    /// Marks the record of the attempt just made, if it is the latest one
-    /// (an attempt refused by the attempts cap left no record).
-    fn mark(&self, call: Option<&Call>, f: impl FnOnce(&mut tower_llm_core::AttemptRecord)) {
-        if let Some(log) = call.and_then(Call::log) {
-            let attempt = self.attempts;
-            let position = call
-                .and_then(Call::link)
-                .unwrap_or(&self.shared.link)
-                .position();
-            log.update_last(|r| {
-                if r.attempt == attempt && r.fallback_position == position {
-                    f(r);
-                }
-            });
+    /// Marks the record of the attempt just made: the one at `index` when
+    /// the attempt said which (the retry layer's own loop), otherwise the
+    /// latest one if it is this attempt's (an attempt refused by the
+    /// attempts cap left no record). By index, a record stays this
+    /// attempt's even while another branch of the call (a hedge) appends
+    /// its own.
+    fn mark(
+        &self,
+        call: Option<&Call>,
+        index: Option<usize>,
+        f: impl FnOnce(&mut tower_llm_core::AttemptRecord),
+    ) {
+        let Some(log) = call.and_then(Call::log) else {
+            return;
+        };
+        if let Some(index) = index {
+            log.finish(index, f);
+            return;
         }
+        let attempt = self.attempts;
+        let position = call
+            .and_then(Call::link)
+            .unwrap_or(&self.shared.link)
+            .position();
+        log.update_last(|r| {
+            if r.attempt == attempt && r.fallback_position == position {
+                f(r);
+            }
+        });
     }
 
-    fn stop(&self, call: Option<&Call>, why: RetryStop) -> Option<Sleep> {
-        self.mark(call, |r| r.retry_stop = Some(why));
+    fn stop(&self, call: Option<&Call>, index: Option<usize>, why: RetryStop) -> Option<Sleep> {
+        self.mark(call, index, |r| r.retry_stop = Some(why));
         None
     }
 }
@@ -159,9 +173,11 @@ impl<C> RetryPolicy<C> {
     /// wait before the next attempt. The copy for the next attempt is
     /// read only when the attempt failed, and made ready (its per-call
     /// state attached) only when it will be sent.
+    /// `index` is the attempt's record in the call's log, when known.
     pub(crate) fn decide<Res>(
         &mut self,
         result: &mut Result<Res, Failure>,
+        index: Option<usize>,
         copy: &mut impl NextCopy,
     ) -> Option<Sleep>
     where
@@ -178,10 +194,10 @@ impl<C> RetryPolicy<C> {
         };
         let call = copy.call();
         if !shared.failures.disposition(&failed).retry {
-            return self.stop(call, RetryStop::NotRetryable);
+            return self.stop(call, index, RetryStop::NotRetryable);
         }
         if self.attempts >= shared.max_attempts {
-            return self.stop(call, RetryStop::AttemptsExhausted);
+            return self.stop(call, index, RetryStop::AttemptsExhausted);
         }
         // Retry-After is a floor under the schedule, never a shortcut: a
         // `Retry-After: 0` or a past date still waits out the backoff.
@@ -190,7 +206,7 @@ impl<C> RetryPolicy<C> {
             .delay(u32::from(self.attempts - 1), shared.rng.next_fraction());
         let delay = match failed.retry_after {
             Some(wait) if wait > shared.max_retry_after => {
-                return self.stop(call, RetryStop::RetryAfterTooLong);
+                return self.stop(call, index, RetryStop::RetryAfterTooLong);
             }
             Some(wait) => wait.max(backoff),
             None => backoff,
@@ -201,13 +217,13 @@ impl<C> RetryPolicy<C> {
             let attempt = shared.min_attempt.min(shared.attempt_timeout);
             let needed = delay + attempt.max(TIMER_GRANULARITY);
             if needed > deadline.remaining() || delay + TIMER_GRANULARITY >= deadline.remaining() {
-                return self.stop(call, RetryStop::PastDeadline);
+                return self.stop(call, index, RetryStop::PastDeadline);
             }
         }
         if !shared.budget.withdraw() {
-            return self.stop(call, RetryStop::BudgetExhausted);
+            return self.stop(call, index, RetryStop::BudgetExhausted);
         }
-        self.mark(call, |r| r.next = NextStep::Retried);
+        self.mark(call, index, |r| r.next = NextStep::Retried);
         let next = self.attempts.saturating_add(1);
         copy.call_mut().set_attempt(next);
         Some(tokio::time::sleep(delay))
@@ -222,7 +238,7 @@ where
     type Future = Sleep;
 
     fn retry(&mut self, req: &mut Req, result: &mut Result<Res, Failure>) -> Option<Sleep> {
-        self.decide(result, &mut Whole(req))
+        self.decide(result, None, &mut Whole(req))
     }
 
     fn clone_request(&mut self, req: &Req) -> Option<Req> {
