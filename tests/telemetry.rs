@@ -445,3 +445,55 @@ async fn seed_ac14_labels_do_not_grow_with_client_aliases_or_upstream_names() {
         2_700.0 + 900.0
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn hedges_are_counted_won_lost_and_skipped_by_the_budget() {
+    use tower_llm::hedge::{HedgeConfig, HedgeLayer};
+    let (meter_provider, registry) = prometheus();
+    let meter = meter_provider.meter("tower-llm");
+    // Call by call: the first waits 1 s (its hedge, 10 ms, wins); the
+    // second 300 ms (it beats its hedge, 1 s); the third 1 s again (no
+    // budget left for its hedge).
+    let transport = ScriptedTransport::new(Reply::openai_text("x"))
+        .then(Reply::openai_text("slow").after(Duration::from_secs(1)))
+        .then(Reply::openai_text("hedge").after(Duration::from_millis(10)))
+        .then(Reply::openai_text("first").after(Duration::from_millis(300)))
+        .then(Reply::openai_text("hedge").after(Duration::from_secs(1)))
+        .then(Reply::openai_text("alone").after(Duration::from_secs(1)));
+    let budget = std::sync::Arc::new(
+        tower_llm::retry::RetryBudget::new(Duration::from_secs(10), 0, 1.0).expect("budget"),
+    );
+    let hedge = HedgeLayer::new(HedgeConfig {
+        delay_ms: 200,
+        ..HedgeConfig::default()
+    })
+    .expect("valid")
+    .with_budget(budget.clone())
+    .with_metrics(Metrics::new(&meter));
+    let svc = ServiceBuilder::new()
+        .llm_hedge(hedge)
+        .service(transport.openai());
+    let req = || ChatRequest::new("m", vec![Message::user("hi")]);
+    assert_eq!(
+        svc.clone().oneshot(req()).await.expect("ok").text(),
+        "hedge"
+    );
+    assert_eq!(
+        svc.clone().oneshot(req()).await.expect("ok").text(),
+        "first"
+    );
+    // The third call deposits a third hedge's worth (100 %): spend it
+    // before the hedge is due.
+    let third = tokio::spawn(svc.oneshot(req()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(tower::retry::budget::Budget::withdraw(&*budget));
+    assert_eq!(third.await.expect("joined").expect("ok").text(), "alone");
+    let text = scrape(&registry);
+    for (outcome, n) in [("won", 1.0), ("lost", 1.0), ("skipped_budget", 1.0)] {
+        assert_eq!(
+            sample(&text, "ai_router_hedges_total", &[("outcome", outcome)]),
+            n,
+            "{outcome}: {text}"
+        );
+    }
+}
