@@ -76,6 +76,7 @@ impl Future for PendOnceFuture {
             provider: self.provider.clone(),
             fallback_position: 0,
             degraded: false,
+            idempotent_replayed: false,
             choices: vec![Choice {
                 index: 0,
                 text: String::new(),

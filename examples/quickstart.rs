@@ -35,6 +35,7 @@ fn answer(req: &ChatRequest, provider: &str) -> ChatResponse {
         provider: provider.into(),
         fallback_position: 0,
         degraded: false,
+        idempotent_replayed: false,
         choices: vec![Choice {
             index: 0,
             text: "Hello from the mock provider".into(),

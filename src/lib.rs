@@ -141,6 +141,16 @@ pub mod hedge {
     };
 }
 
+/// The idempotency layer ([`tower_llm_idempotency`]).
+pub mod idempotency {
+    pub use tower_llm_idempotency::{
+        Begin, BoxFuture, Capture, Concurrent, Fingerprint, IDEMPOTENCY_KEY, Idempotency,
+        IdempotencyConfig, IdempotencyLayer, IdempotencyStore, IdempotentAnswer, IdempotentRequest,
+        InvalidIdempotencyConfig, Lease, MemoryStore, NoTenant, ResponseFuture, StoreError, Stored,
+        TenantFn,
+    };
+}
+
 /// Provider services ([`tower_llm_providers`]): OpenAI, Anthropic, AWS Bedrock.
 pub mod providers {
     #[cfg(feature = "https")]

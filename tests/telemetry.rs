@@ -226,6 +226,7 @@ async fn a_degraded_answer_is_not_a_success() {
             provider: "degraded".into(),
             fallback_position: 0,
             degraded: false,
+            idempotent_replayed: false,
             choices: vec![],
             usage: tower_llm::Usage::default(),
             latency: Duration::ZERO,

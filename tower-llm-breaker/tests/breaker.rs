@@ -96,6 +96,7 @@ fn ok(req: &ChatRequest) -> ChatResponse {
         provider: "p".into(),
         fallback_position: 0,
         degraded: false,
+        idempotent_replayed: false,
         choices: vec![],
         usage: Usage::default(),
         latency: Duration::ZERO,

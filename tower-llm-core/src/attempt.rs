@@ -688,7 +688,12 @@ impl<B> RecordsAttempts for http::Response<B> {
 }
 
 impl RecordsAttempts for ChatResponse {
+    /// A replayed answer keeps the records of the call that produced it
+    /// when the replaying call made no attempt.
     fn record_attempts(&mut self, attempts: Vec<AttemptRecord>) {
+        if self.idempotent_replayed && attempts.is_empty() {
+            return;
+        }
         self.attempts = attempts;
     }
 

@@ -16,6 +16,9 @@
 //! [`EmbeddingRequest`]: crate::EmbeddingRequest
 //! [`CallOwner::install`]: crate::CallOwner::install
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use http::{Extensions, HeaderMap};
 
 use crate::telemetry::{CallOwner, Metrics};
@@ -104,6 +107,66 @@ pub struct Call {
     attempt: u8,
     /// This copy is a hedge (rule 7).
     hedge: bool,
+    /// The caller's idempotency key, if any.
+    idempotency: Option<IdempotencyKey>,
+}
+
+/// The idempotency key of a call (the `Idempotency-Key` header's value, or
+/// one set by the caller), read by an idempotency layer: a repeated call
+/// with the same key gets the stored answer of the first. It travels in
+/// the call's [`Call`], so every copy of the request (a retry, a hedge, a
+/// failover) carries it.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_llm_core::{ChatRequest, IdempotencyKey, Message};
+///
+/// let mut req = ChatRequest::new("m", vec![Message::user("hi")]);
+/// IdempotencyKey::new("order-42").with_ttl(Duration::from_secs(3600)).store(&mut req);
+/// let key = IdempotencyKey::of(&req).unwrap();
+/// assert_eq!((key.key(), key.ttl()), ("order-42", Some(Duration::from_secs(3600))));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey {
+    key: Arc<str>,
+    ttl: Option<Duration>,
+}
+
+impl IdempotencyKey {
+    /// The key `key`, kept for the layer's default time.
+    pub fn new(key: impl Into<Arc<str>>) -> Self {
+        IdempotencyKey {
+            key: key.into(),
+            ttl: None,
+        }
+    }
+
+    /// Keeps this call's answer for `ttl` instead of the layer's default.
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// The key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// How long to keep the answer, when the caller said.
+    pub fn ttl(&self) -> Option<Duration> {
+        self.ttl
+    }
+
+    /// The key `req` carries, if any.
+    pub fn of<R: LlmRequest + ?Sized>(req: &R) -> Option<&IdempotencyKey> {
+        req.call().and_then(|c| c.idempotency.as_ref())
+    }
+
+    /// Stores this key in `req`'s call.
+    pub fn store<R: LlmRequest + ?Sized>(self, req: &mut R) {
+        req.call_mut().idempotency = Some(self);
+    }
 }
 
 impl Call {

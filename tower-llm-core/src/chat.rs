@@ -305,6 +305,11 @@ pub struct ChatResponse {
     /// step built this answer.
     #[serde(default)]
     pub degraded: bool,
+    /// `true` when an idempotency layer replayed this answer, stored from
+    /// an earlier call with the same key: no provider was called, and
+    /// `attempts` are the original call's.
+    #[serde(default)]
+    pub idempotent_replayed: bool,
     /// The answers.
     pub choices: Vec<Choice>,
     /// Token counts.
@@ -403,6 +408,7 @@ mod tests {
             provider: "openai".into(),
             fallback_position: 0,
             degraded: false,
+            idempotent_replayed: false,
             choices: vec![Choice {
                 index: 0,
                 text: "hi".into(),

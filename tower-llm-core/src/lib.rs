@@ -65,7 +65,7 @@ pub use attempt::{
     ServedBy,
 };
 pub use bounded::Bounded;
-pub use call::{Call, LlmRequest, Replay};
+pub use call::{Call, IdempotencyKey, LlmRequest, Replay};
 pub use chat::{
     ChatChunk, ChatRequest, ChatResponse, Choice, ContentPart, FinishReason, Message, Role, Tool,
     ToolCall, ToolCallDelta, ToolChoice, Usage,

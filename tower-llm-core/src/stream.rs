@@ -61,6 +61,7 @@ pub struct ChatStream {
     time_to_first_chunk: Duration,
     fallback_position: u8,
     degraded: bool,
+    idempotent_replayed: bool,
     attempts: Vec<AttemptRecord>,
 }
 
@@ -77,8 +78,42 @@ impl ChatStream {
             time_to_first_chunk: Duration::ZERO,
             fallback_position: 0,
             degraded: false,
+            idempotent_replayed: false,
             attempts: Vec::new(),
         }
+    }
+
+    /// A stream replaying `chunks` stored from an earlier call (an
+    /// idempotency layer's replay): it carries that call's `attempts` and
+    /// fallback position, and says it is a replay.
+    pub fn replayed(
+        provider: impl Into<Arc<str>>,
+        model: impl Into<String>,
+        chunks: Vec<ChatChunk>,
+        fallback_position: u8,
+        attempts: Vec<AttemptRecord>,
+    ) -> Self {
+        let mut stream =
+            ChatStream::from_chunks(provider, model, chunks.into_iter().map(Ok).collect());
+        stream.fallback_position = fallback_position;
+        stream.idempotent_replayed = true;
+        stream.attempts = attempts;
+        stream
+    }
+
+    /// The same stream with its chunks passed through `f` (to observe or
+    /// collect them as they pass); everything else is kept.
+    #[must_use]
+    pub fn map_chunks(mut self, f: impl FnOnce(ChunkStream) -> ChunkStream) -> Self {
+        let inner = std::mem::replace(&mut self.inner, Box::pin(Iter(Vec::new().into_iter())));
+        self.inner = f(inner);
+        self
+    }
+
+    /// `true` when an idempotency layer replayed this stream from a stored
+    /// one ([`ChatStream::replayed`]).
+    pub fn is_idempotent_replay(&self) -> bool {
+        self.idempotent_replayed
     }
 
     /// A stream playing `items` (for tests and degraded answers).
@@ -149,6 +184,7 @@ impl ChatStream {
             provider: self.provider.clone(),
             fallback_position: self.fallback_position,
             degraded: self.degraded,
+            idempotent_replayed: self.idempotent_replayed,
             choices,
             usage,
             latency: self.time_to_first_chunk + started.elapsed(),
@@ -269,7 +305,12 @@ impl Stream for ChatStream {
 }
 
 impl RecordsAttempts for ChatStream {
+    /// A replayed stream keeps the records of the call that produced it
+    /// when the replaying call made no attempt.
     fn record_attempts(&mut self, attempts: Vec<AttemptRecord>) {
+        if self.idempotent_replayed && attempts.is_empty() {
+            return;
+        }
         self.attempts = attempts;
     }
 
@@ -290,6 +331,7 @@ impl fmt::Debug for ChatStream {
             .field("time_to_first_chunk", &self.time_to_first_chunk)
             .field("fallback_position", &self.fallback_position)
             .field("degraded", &self.degraded)
+            .field("idempotent_replayed", &self.idempotent_replayed)
             .field("attempts", &self.attempts.len())
             .finish_non_exhaustive()
     }

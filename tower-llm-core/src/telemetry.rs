@@ -17,10 +17,11 @@
 //! | `ai_router_deadline_exceeded_total` | counter | none |
 //! | `ai_router_attempts_per_call` | histogram, one per logical call | `final_outcome` (as `outcome`) |
 //! | `ai_router_hedges_total` | counter, one per hedge decision | `outcome` ∈ `won`, `lost`, `skipped_budget` |
+//! | `ai_router_idempotent_replays_total` | counter, one per answer replayed from an idempotency store | none |
 //!
 //! They are recorded by the layer that owns the call's [`AttemptLog`] (the
-//! outermost tower-llm layer), once, when the call ends (the hedge counter
-//! by the hedge layer, when it decides), from the call's
+//! outermost tower-llm layer), once, when the call ends (the hedge and
+//! replay counters by the hedge and idempotency layers, when they act), from the call's
 //! attempt records: so the counts of one call always agree with each other
 //! and with the records returned to the caller. Provider and model labels
 //! come from configuration only: the [`Link`](crate::Link) names given to
@@ -138,6 +139,7 @@ impl HedgeOutcome {
 
 struct Instruments {
     hedges: Counter<u64>,
+    replays: Counter<u64>,
     calls: Counter<u64>,
     retries: Counter<u64>,
     failovers: Counter<u64>,
@@ -173,6 +175,10 @@ impl Metrics {
                 .with_description(
                     "Hedge decisions: a hedge that won, lost, or was refused by its budget",
                 )
+                .build(),
+            replays: meter
+                .u64_counter("ai_router_idempotent_replays")
+                .with_description("Answers replayed from an idempotency store (no provider call)")
                 .build(),
             calls: meter
                 .u64_counter("ai_router_calls")
@@ -224,6 +230,13 @@ impl Metrics {
     /// `false` for [`Metrics::disabled`].
     pub fn is_enabled(&self) -> bool {
         self.inner.is_some()
+    }
+
+    /// Counts one answer replayed by an idempotency layer.
+    pub fn record_idempotent_replay(&self) {
+        if let Some(m) = self.inner.as_deref() {
+            m.replays.add(1, &[]);
+        }
     }
 
     /// Counts one hedge decision.

@@ -357,6 +357,7 @@ async fn typed_chat_requests_work_too() {
             provider: "mock".into(),
             fallback_position: 0,
             degraded: false,
+            idempotent_replayed: false,
             choices: vec![],
             usage: Usage::default(),
             latency: Duration::ZERO,

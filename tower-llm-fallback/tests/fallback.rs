@@ -379,6 +379,7 @@ fn ok_answer(provider: &str) -> ChatResponse {
         provider: provider.into(),
         fallback_position: 0,
         degraded: false,
+        idempotent_replayed: false,
         choices: vec![],
         usage: Usage::default(),
         latency: Duration::ZERO,

@@ -104,6 +104,7 @@ fn answer(n: usize) -> ChatResponse {
         provider: "mock".into(),
         fallback_position: 0,
         degraded: false,
+        idempotent_replayed: false,
         choices: vec![],
         usage: Usage::default(),
         latency: Duration::ZERO,

@@ -428,6 +428,7 @@ pub fn decode(body: &[u8], latency: Duration) -> Result<ChatResponse, Failure> {
         provider: PROVIDER.into(),
         fallback_position: 0,
         degraded: false,
+        idempotent_replayed: false,
         choices: vec![Choice {
             index: 0,
             text,

@@ -851,6 +851,7 @@ pub fn decode(
         provider: PROVIDER.into(),
         fallback_position: 0,
         degraded: false,
+        idempotent_replayed: false,
         choices: vec![Choice {
             index: 0,
             text,

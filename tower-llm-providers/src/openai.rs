@@ -465,6 +465,7 @@ pub fn decode(body: &[u8], latency: Duration) -> Result<ChatResponse, Failure> {
         provider: PROVIDER.into(),
         fallback_position: 0,
         degraded: false,
+        idempotent_replayed: false,
         choices: wire
             .choices
             .into_iter()

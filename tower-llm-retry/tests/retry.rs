@@ -132,6 +132,7 @@ fn answer(req: &ChatRequest) -> ChatResponse {
         provider: "mock".into(),
         fallback_position: 0,
         degraded: false,
+        idempotent_replayed: false,
         choices: vec![],
         usage: Usage::default(),
         latency: Duration::ZERO,

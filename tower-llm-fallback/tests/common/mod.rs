@@ -84,6 +84,7 @@ impl Provider {
                             provider: name.into(),
                             fallback_position: 0,
                             degraded: false,
+                            idempotent_replayed: false,
                             choices: vec![],
                             usage: Usage::default(),
                             latency: Duration::ZERO,
