@@ -125,7 +125,10 @@ fn main() {
     };
     println!("per call, paired medians against the bare service in the same rounds:");
     for (name, mut make) in [
-        ("no key", Box::new(plain.clone()) as Box<dyn FnMut() -> ChatRequest>),
+        (
+            "no key",
+            Box::new(plain.clone()) as Box<dyn FnMut() -> ChatRequest>,
+        ),
         ("a new key (miss: reserve, call, store)", Box::new(miss)),
         ("a stored key (hit: replay)", Box::new(hit)),
     ] {
@@ -133,6 +136,9 @@ fn main() {
         let mut ours = layered();
         let mut plain = plain.clone();
         let (b, v) = paired(&mut bare_svc, &mut plain, &mut ours, &mut make);
-        println!("  {name:<42} {v:>8.0} ns  (bare {b:.0} ns, +{:.0} ns)", v - b);
+        println!(
+            "  {name:<42} {v:>8.0} ns  (bare {b:.0} ns, +{:.0} ns)",
+            v - b
+        );
     }
 }
