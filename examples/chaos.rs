@@ -10,8 +10,17 @@
 //! breaker then holds its circuit open for that second), hangs, resets
 //! connections, and is down from 4 s to 7 s into the run, then back;
 //! the backup (Anthropic's format) is healthy and 40 ms slower. Time is
-//! tokio's paused clock, so the run is deterministic and takes seconds;
-//! latencies are in that virtual time.
+//! tokio's paused clock and every random choice (the retry jitter) comes
+//! from one seed, so the run is deterministic (the same seed prints the
+//! same table; `tests/chaos.rs` checks it) and takes seconds; latencies
+//! are in that virtual time.
+//!
+//! ```text
+//! cargo run --release --example chaos -- --seed 7 --svg chaos.svg
+//! ```
+//!
+//! `--seed N` (default 1) seeds the jitter; `--svg FILE` writes the latency
+//! distribution of both runs (a CDF on a log axis) as an SVG picture.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,9 +33,11 @@ use tower_llm::breaker::BreakerConfig;
 use tower_llm::prelude::*;
 use tower_llm::providers::https::{HttpsClient, client_with_connect_timeout};
 use tower_llm::providers::{Anthropic, AnthropicConfig, ApiKey, OpenAi, OpenAiConfig};
+use tower_llm::retry::SplitMix64;
 use tower_llm_providers::mock::{MockServer, Recorded, Reply};
 
-const CALLS: usize = 3_000;
+/// Calls per run when run as an example.
+pub const CALLS: usize = 3_000;
 const CONCURRENCY: usize = 5;
 
 static PRIMARY_CALLS: AtomicUsize = AtomicUsize::new(0);
@@ -64,17 +75,24 @@ fn backup(_req: &Recorded) -> Reply {
     Reply::anthropic_text("backup").after(Duration::from_millis(60))
 }
 
-struct Report {
+/// What one run measured.
+#[derive(Debug)]
+pub struct Report {
     name: &'static str,
+    calls: usize,
     ok: usize,
-    latencies: Vec<Duration>,
+    /// Every call's latency, in the order the calls ended.
+    pub latencies: Vec<Duration>,
+    /// The latencies of the calls that succeeded.
+    pub answered: Vec<Duration>,
     upstream: usize,
     failovers: usize,
     transitions: usize,
 }
 
 impl Report {
-    fn percentile(&self, p: f64) -> Duration {
+    /// The latency at quantile `p`.
+    pub fn percentile(&self, p: f64) -> Duration {
         let mut l = self.latencies.clone();
         l.sort();
         let i = ((l.len() as f64 - 1.0) * p).round() as usize;
@@ -88,6 +106,7 @@ fn client() -> HttpsClient {
 
 async fn run<S>(
     name: &'static str,
+    calls: usize,
     svc: S,
     servers: &[&MockServer],
     transitions: Arc<AtomicUsize>,
@@ -111,7 +130,7 @@ where
         let next = next.clone();
         workers.push(tokio::spawn(async move {
             let mut out = Vec::new();
-            while next.fetch_add(1, Ordering::Relaxed) < CALLS {
+            while next.fetch_add(1, Ordering::Relaxed) < calls {
                 let req = ChatRequest::new("m", vec![Message::user("hi")]);
                 let start = Instant::now();
                 // The caller's own patience: 10 s (a bare hang never ends).
@@ -128,8 +147,10 @@ where
     }
     let mut report = Report {
         name,
+        calls,
         ok: 0,
         latencies: Vec::new(),
+        answered: Vec::new(),
         upstream: 0,
         failovers: 0,
         transitions: 0,
@@ -138,6 +159,9 @@ where
         for (ok, latency, failovers) in w.await.unwrap_or_default() {
             report.ok += usize::from(ok);
             report.latencies.push(latency);
+            if ok {
+                report.answered.push(latency);
+            }
             report.failovers += failovers;
         }
     }
@@ -147,15 +171,21 @@ where
     report
 }
 
-fn main() {
+/// Runs `calls` calls through the bare provider, then through the full
+/// stack, with the retry jitter seeded by `seed`; returns both reports.
+pub fn chaos(seed: u64, calls: usize) -> [Report; 2] {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let primary_server = MockServer::start(Reply::With(primary)).await.expect("server");
-        let backup_server = MockServer::start(Reply::With(backup)).await.expect("server");
+        let primary_server = MockServer::start(Reply::With(primary))
+            .await
+            .expect("server");
+        let backup_server = MockServer::start(Reply::With(backup))
+            .await
+            .expect("server");
         let key = || ApiKey::new("mock");
         let openai = OpenAi::new(
             client(),
@@ -169,6 +199,7 @@ fn main() {
         // (a) The bare provider.
         let bare = run(
             "bare provider",
+            calls,
             openai.clone(),
             &[&primary_server],
             Arc::default(),
@@ -190,7 +221,8 @@ fn main() {
             });
         let retry = RetryLayer::new()
             .with_max_attempts(3)
-            .with_attempt_timeout(Duration::from_secs(2));
+            .with_attempt_timeout(Duration::from_secs(2))
+            .with_rng(SplitMix64::seeded(seed));
         let backup_link = ServiceBuilder::new()
             .llm_retry(retry.clone())
             .llm_breaker(breaker.clone())
@@ -210,30 +242,152 @@ fn main() {
             .service(primary_link);
         let full = run(
             "full stack",
+            calls,
             stack,
             &[&primary_server, &backup_server],
             transitions,
         )
         .await;
+        [bare, full]
+    })
+}
 
-        println!("{CALLS} calls, {CONCURRENCY} at a time, virtual time; primary: 503 bursts (8 %), 429 + Retry-After: 1 (twice),");
-        println!("hangs (1 %), resets (1 %), down from 4 s to 7 s into the run; backup healthy, +40 ms.\n");
-        println!(
-            "| | success | p50 | p99 | p99.9 | upstream calls per call | failovers | breaker transitions |"
-        );
-        println!("|---|---|---|---|---|---|---|---|");
-        for r in [&bare, &full] {
-            println!(
-                "| {} | {:.1} % | {} ms | {} ms | {} ms | {:.2} | {} | {} |",
-                r.name,
-                100.0 * r.ok as f64 / CALLS as f64,
-                r.percentile(0.5).as_millis(),
-                r.percentile(0.99).as_millis(),
-                r.percentile(0.999).as_millis(),
-                r.upstream as f64 / CALLS as f64,
-                r.failovers,
-                r.transitions,
-            );
+/// The reports as a Markdown table.
+pub fn table(reports: &[Report]) -> String {
+    let mut out = String::from(
+        "| | success | p50 | p99 | p99.9 | upstream calls per call | failovers | breaker transitions |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in reports {
+        out.push_str(&format!(
+            "| {} | {:.1} % | {} ms | {} ms | {} ms | {:.2} | {} | {} |\n",
+            r.name,
+            100.0 * r.ok as f64 / r.calls.max(1) as f64,
+            r.percentile(0.5).as_millis(),
+            r.percentile(0.99).as_millis(),
+            r.percentile(0.999).as_millis(),
+            r.upstream as f64 / r.calls.max(1) as f64,
+            r.failovers,
+            r.transitions,
+        ));
+    }
+    out
+}
+
+/// The latency distributions of `reports` as an SVG picture: for each
+/// latency (x, log scale, 1 ms to 10 s), the share of calls answered
+/// successfully by then
+/// (y, on a percentile scale: 0, 90, 99, 99.9 % equally spaced, so the
+/// tail shows), one line per report.
+pub fn svg(reports: &[Report]) -> String {
+    const W: f64 = 720.0;
+    const H: f64 = 400.0;
+    const LEFT: f64 = 70.0;
+    const RIGHT: f64 = 20.0;
+    const TOP: f64 = 40.0;
+    const BOTTOM: f64 = 50.0;
+    let (x0, x1) = (0.0_f64, 4.0_f64); // log10 of 1 ms .. 10 s
+    let px =
+        |ms: f64| LEFT + (ms.max(1.0).log10().clamp(x0, x1) - x0) / (x1 - x0) * (W - LEFT - RIGHT);
+    // -log10(1 - share): 0 % at 0, 90 % at 1, 99 % at 2, 99.9 % at 3.
+    let nines = |share: f64| (-(1.0 - share).max(1e-4).log10()).clamp(0.0, 4.0);
+    let py = |share: f64| TOP + (1.0 - nines(share) / 4.0) * (H - TOP - BOTTOM);
+    let colours = ["#c0392b", "#2471a3"];
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{LEFT}\" y=\"22\" font-size=\"14\">Chaos run: share of calls answered successfully by each latency (virtual time)</text>\n"
+    );
+    for (i, label) in ["1 ms", "10 ms", "100 ms", "1 s", "10 s"]
+        .iter()
+        .enumerate()
+    {
+        let x = px(10f64.powi(i as i32));
+        out.push_str(&format!(
+            "<line x1=\"{x:.1}\" y1=\"{TOP}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/><text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{label}</text>\n",
+            H - BOTTOM,
+            H - BOTTOM + 18.0
+        ));
+    }
+    for (share, label) in [
+        (0.0, "0 %"),
+        (0.9, "90 %"),
+        (0.99, "99 %"),
+        (0.999, "99.9 %"),
+        (0.9999, "99.99 %"),
+    ] {
+        let y = py(share);
+        out.push_str(&format!(
+            "<line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#eee\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{label}</text>\n",
+            W - RIGHT,
+            LEFT - 6.0,
+            y + 4.0,
+        ));
+    }
+    for (r, colour) in reports.iter().zip(colours) {
+        // Failed calls are never "done": a line tops out at its success
+        // rate.
+        let mut sorted = r.answered.clone();
+        sorted.sort();
+        let n = r.calls.max(1) as f64;
+        let mut points = String::new();
+        for (i, l) in sorted.iter().enumerate() {
+            let (x, y) = (px(l.as_secs_f64() * 1_000.0), py((i + 1) as f64 / n));
+            points.push_str(&format!("{x:.1},{y:.1} "));
         }
-    });
+        // The plateau: never more than the success rate.
+        let last = py(sorted.len() as f64 / n);
+        points.push_str(&format!("{:.1},{last:.1}", px(10_000.0)));
+        out.push_str(&format!(
+            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{points}\"/>\n"
+        ));
+    }
+    for (i, (r, colour)) in reports.iter().zip(colours).enumerate() {
+        let y = H - BOTTOM - 44.0 + 18.0 * i as f64;
+        out.push_str(&format!(
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"14\" height=\"4\" fill=\"{colour}\"/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n",
+            LEFT + 16.0,
+            y - 4.0,
+            LEFT + 36.0,
+            y,
+            r.name
+        ));
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+#[allow(dead_code)]
+fn main() {
+    let mut seed = 1u64;
+    let mut svg_path = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--seed" => match args.next().and_then(|s| s.parse().ok()) {
+                Some(s) => seed = s,
+                None => {
+                    eprintln!("--seed needs a number");
+                    std::process::exit(2);
+                }
+            },
+            "--svg" => svg_path = args.next(),
+            other => {
+                eprintln!("unknown argument {other:?} (use --seed N, --svg FILE)");
+                std::process::exit(2);
+            }
+        }
+    }
+    let reports = chaos(seed, CALLS);
+    println!(
+        "{CALLS} calls, {CONCURRENCY} at a time, virtual time, seed {seed}; primary: 503 bursts (8 %), 429 + Retry-After: 1 (twice),"
+    );
+    println!(
+        "hangs (1 %), resets (1 %), down from 4 s to 7 s into the run; backup healthy, +40 ms.\n"
+    );
+    print!("{}", table(&reports));
+    if let Some(path) = svg_path {
+        if let Err(e) = std::fs::write(&path, svg(&reports)) {
+            eprintln!("could not write {path}: {e}");
+            std::process::exit(1);
+        }
+        println!("\nlatency picture written to {path}");
+    }
 }
