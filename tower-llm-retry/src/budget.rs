@@ -1,8 +1,14 @@
 //! A retry budget shared by every clone of one retry layer.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+#[cfg(not(tower_llm_loom))]
+use std::sync::atomic::{AtomicU64, Ordering};
+// Model-checked with loom: `RUSTFLAGS="--cfg tower_llm_loom" cargo test
+// -p tower-llm-retry --test loom --release`.
+#[cfg(tower_llm_loom)]
+use loom::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::time::Instant;
 
@@ -29,10 +35,12 @@ const EPOCH_MASK: u64 = (1 << 24) - 1;
 ///
 /// Lock-free: the window is ten slots, each one atomic word holding its
 /// epoch and its two counters, updated by compare-and-swap. Counts saturate
-/// at about a million per slot (`ttl / 10`). Under contention a handful of
-/// concurrent withdrawals may pass the limit together (each checks, then
-/// takes); it never blocks. Time is `tokio::time`, so tests run it on
-/// virtual time.
+/// at about a million per slot (`ttl / 10`). A withdrawal checks the
+/// window and takes from the current slot in one compare-and-swap of that
+/// slot, so concurrent withdrawals never pass the limit together (checked
+/// by a loom model), except that two racing across a slot boundary (every
+/// `ttl / 10`) may. It never blocks. Time is `tokio::time`, so tests run it
+/// on virtual time.
 ///
 /// ```
 /// use std::time::Duration;
@@ -111,7 +119,7 @@ impl RetryBudget {
             return invalid("percent must be within [0, 10]");
         }
         Ok(RetryBudget {
-            slots: Default::default(),
+            slots: std::array::from_fn(|_| AtomicU64::new(0)),
             origin: Instant::now(),
             slot_len: ttl / SLOTS as u32,
             floor: u64::from(min_per_sec).saturating_mul(ttl.as_secs()),
@@ -123,7 +131,7 @@ impl RetryBudget {
     /// The default: 10 s window, a floor of 1 retry per second, 20 %.
     pub fn seed_default() -> Self {
         RetryBudget {
-            slots: Default::default(),
+            slots: std::array::from_fn(|_| AtomicU64::new(0)),
             origin: Instant::now(),
             slot_len: Duration::from_secs(1),
             floor: 10,
@@ -146,10 +154,18 @@ impl RetryBudget {
 
     /// Deposits and withdrawals within the window ending at `epoch`.
     fn window(&self, epoch: u64) -> (u64, u64) {
+        self.window_except(epoch, usize::MAX)
+    }
+
+    /// As [`window`](Self::window), leaving out slot `skip`.
+    fn window_except(&self, epoch: u64, skip: usize) -> (u64, u64) {
         let current = epoch & EPOCH_MASK;
         let mut deposits = 0;
         let mut withdrawals = 0;
-        for slot in &self.slots {
+        for (i, slot) in self.slots.iter().enumerate() {
+            if i == skip {
+                continue;
+            }
             let s = Slot::unpack(slot.load(Ordering::Acquire));
             // Epochs wrap at 2^24 slots; the age is taken modulo that.
             let age = current.wrapping_sub(s.epoch) & EPOCH_MASK;
@@ -204,13 +220,39 @@ impl Budget for RetryBudget {
 
     fn withdraw(&self) -> bool {
         let epoch = self.epoch();
-        let (deposits, withdrawals) = self.window(epoch);
-        let allowed = (deposits.saturating_mul(self.percent_milli) / 1000).max(self.floor);
-        if withdrawals >= allowed {
-            return false;
+        let index = (epoch % SLOTS as u64) as usize;
+        let tagged = epoch & EPOCH_MASK;
+        let slot = &self.slots[index];
+        let mut word = slot.load(Ordering::Acquire);
+        loop {
+            let mut s = Slot::unpack(word);
+            let ahead = s.epoch.wrapping_sub(tagged) & EPOCH_MASK;
+            if ahead != 0 && ahead < (1 << 23) {
+                // This thread's clock reading is already stale: refuse.
+                return false;
+            }
+            if s.epoch != tagged {
+                s = Slot {
+                    epoch: tagged,
+                    deposits: 0,
+                    withdrawals: 0,
+                };
+            }
+            // The window with this slot as read: the check and the take
+            // are one compare-and-swap of the slot every concurrent
+            // withdrawal of this epoch writes.
+            let (others_in, others_out) = self.window_except(epoch, index);
+            let (deposits, withdrawals) = (others_in + s.deposits, others_out + s.withdrawals);
+            let allowed = (deposits.saturating_mul(self.percent_milli) / 1000).max(self.floor);
+            if withdrawals >= allowed {
+                return false;
+            }
+            s.withdrawals += 1;
+            match slot.compare_exchange(word, s.pack(), Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(actual) => word = actual,
+            }
         }
-        self.add(epoch, 0, 1);
-        true
     }
 }
 
