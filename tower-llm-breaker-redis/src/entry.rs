@@ -203,3 +203,25 @@ impl CircuitEvents for Events {
         false
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_names_are_unambiguous_and_safe() {
+        assert_eq!(
+            encode_key(&BreakerKey::new("openai", "gpt-4o")),
+            "openai/gpt-4o"
+        );
+        assert_eq!(
+            encode_key(&BreakerKey::new("p", "a/b").with_scope("t 1|x")),
+            "p/a%2Fb/t%201%7Cx"
+        );
+        // A slash inside a part never reads as a scope.
+        assert_ne!(
+            encode_key(&BreakerKey::new("p", "m/s")),
+            encode_key(&BreakerKey::new("p", "m").with_scope("s"))
+        );
+    }
+}
