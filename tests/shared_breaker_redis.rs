@@ -565,3 +565,66 @@ async fn successes_and_failures_from_every_replica_fill_one_ratio_window() {
     );
     assert_eq!(server.received().len(), 10);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_slows_no_call_and_replicas_come_back_when_it_thaws() {
+    let Some(redis) = RedisServer::start("frozen_redis") else {
+        return;
+    };
+    let server = MockServer::start(Reply::openai_text("ok"))
+        .await
+        .expect("server");
+    let replicas = fleet(&redis, &server, config(1, Duration::from_secs(5))).await;
+    for r in &replicas {
+        r.call().await.expect("served");
+    }
+    // Nothing answers, connections stay open: only timeouts tell. Calls go
+    // on meanwhile, before and after the replicas notice: none waits.
+    redis.freeze(true);
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let mut slowest = Duration::ZERO;
+    let mut calls = 0;
+    while std::time::Instant::now() < deadline && replicas.iter().any(|r| r.store.is_up()) {
+        for r in &replicas {
+            let started = std::time::Instant::now();
+            assert_eq!(r.call().await.expect("served").text(), "ok");
+            slowest = slowest.max(started.elapsed());
+            calls += 1;
+        }
+    }
+    assert!(
+        replicas.iter().all(|r| !r.store.is_up()),
+        "every replica notices within 2 s"
+    );
+    assert!(calls > 0);
+    assert!(
+        slowest < Duration::from_millis(100),
+        "slowest call {slowest:?}"
+    );
+
+    // Local breaking while frozen: replica 0 trips alone.
+    for _ in 0..5 {
+        server.push(Reply::openai_error(503, "server_error", "down"));
+    }
+    for _ in 0..5 {
+        assert!(replicas[0].call().await.expect_err("fails").is_transient());
+    }
+    assert_eq!(replicas[0].state(), Some(CircuitState::Open));
+    assert_eq!(replicas[1].state(), Some(CircuitState::Closed));
+
+    // Thawed: back up, and replica 0's open reaches the others.
+    redis.freeze(false);
+    let up = within(Duration::from_secs(5), || {
+        replicas.iter().all(|r| r.store.is_up())
+    })
+    .await;
+    assert!(up.is_some(), "every replica is back");
+    let shared = within(Duration::from_secs(2), || {
+        replicas
+            .iter()
+            .all(|r| r.state() == Some(CircuitState::Open))
+    })
+    .await;
+    assert!(shared.is_some(), "the open is shared after the thaw");
+    assert_eq!(server.received().len(), 3 + calls + 5);
+}

@@ -64,9 +64,25 @@ impl RedisServer {
     /// Kills the server (SIGKILL) and waits for it.
     pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            // A frozen server must be able to die.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Stops (`SIGSTOP`) or resumes (`SIGCONT`) the server: connections
+    /// stay open, nothing answers.
+    pub(crate) fn freeze(&self, frozen: bool) {
+        let child = self.child.as_ref().expect("running");
+        let status = Command::new("kill")
+            .arg(if frozen { "-STOP" } else { "-CONT" })
+            .arg(child.id().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -STOP/-CONT");
     }
 
     /// Starts the server (again) on the same port, empty, and waits until

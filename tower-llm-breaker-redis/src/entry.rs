@@ -77,9 +77,13 @@ impl Entry {
         self.link.send(self, op);
     }
 
-    /// Asks the worker for probe tokens, once at a time.
+    /// Asks the worker for probe tokens (as many as the fleet may have:
+    /// this replica has calls waiting), once at a time.
     pub(crate) fn kick(self: &Arc<Self>) {
-        if !self.reserving.swap(true, Ordering::AcqRel) && !self.link.send(self, Op::Reserve) {
+        let want = self.link.settings.breaker.half_open_probes.max(1);
+        if !self.reserving.swap(true, Ordering::AcqRel)
+            && !self.link.send(self, Op::Reserve { want })
+        {
             self.reserving.store(false, Ordering::Release);
         }
     }

@@ -47,16 +47,19 @@
 //! When a script opens the shared circuit it publishes the open, with the
 //! rest of its cooldown in the server's time; every replica adopts it from
 //! the channel (and from the script's reply, for the replica that ran it).
-//! Every second (by default) each replica reads its circuits back, the
-//! safety net under pub/sub.
+//! Every second (by default) each replica reads its circuits back (one
+//! pipelined round trip per 256 circuits), the safety net under pub/sub.
+//! [`RedisStoreBuilder::on_adopted`] is told of every change adopted from
+//! another replica.
 //!
-//! When the shared cooldown ends, the replicas that know the circuit
-//! reserve probe tokens with one script (at most `half_open_probes` live
+//! When the shared cooldown ends, each replica that knows the circuit asks
+//! for one probe token with one script (at most `half_open_probes` live
 //! across the fleet, each expiring one cooldown after its reservation, so
 //! a probe lost with its replica frees its slot then). A half-open local
 //! circuit admits a probe only against a token it holds; without one, the
-//! call is refused as open (it would have been anyway) and a reservation
-//! is asked for, in the background.
+//! call is refused as open (it would have been anyway) and more tokens
+//! are asked for, in the background. No call waits for Redis, not even a
+//! probe.
 //!
 //! # What is exact, and what is not
 //!

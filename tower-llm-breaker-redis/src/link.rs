@@ -79,7 +79,10 @@ pub(crate) enum Op {
     Trip {
         reason: &'static str,
     },
-    Reserve,
+    /// Reserve up to `want` probe tokens.
+    Reserve {
+        want: u32,
+    },
     Probe {
         token: String,
         result: ProbeResult,

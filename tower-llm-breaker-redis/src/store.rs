@@ -41,6 +41,7 @@ impl std::error::Error for RedisStoreError {}
 /// What the store and its tasks share.
 pub(crate) struct Inner {
     pub(crate) local: MemoryStore,
+    link: Arc<Link>,
     registry: Arc<Registry>,
     /// Told of every state change adopted from another replica.
     pub(crate) observer: Option<Observer>,
@@ -54,6 +55,11 @@ struct Registry {
 }
 
 impl Inner {
+    /// The link (settings, queue, up flags).
+    pub(crate) fn link(&self) -> &Link {
+        &self.link
+    }
+
     pub(crate) fn entry(&self, id: &str) -> Option<Arc<Entry>> {
         self.registry
             .entries
@@ -366,6 +372,7 @@ impl RedisStoreBuilder {
         };
         let inner = Arc::new(Inner {
             local,
+            link: link.clone(),
             registry,
             observer: self.observer,
         });

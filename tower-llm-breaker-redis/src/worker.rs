@@ -166,13 +166,16 @@ pub(crate) fn adopt(inner: &Inner, entry: &Arc<Entry>, fleet: &Fleet) {
     }
 }
 
-/// Asks for probe tokens when the shared cooldown ends.
+/// Asks for one probe token when the shared cooldown ends: every replica
+/// that knows the circuit does, so with `half_open_probes` above 1 the
+/// tokens spread over several replicas; one that runs out while calls
+/// wait asks for more ([`Entry::kick`]).
 fn schedule_reserve(entry: &Arc<Entry>, after: Duration) {
     entry.reserving.store(true, Ordering::Release);
     let entry = entry.clone();
     tokio::spawn(async move {
         tokio::time::sleep(after).await;
-        if !entry.link.send_always(&entry, Op::Reserve) {
+        if !entry.link.send_always(&entry, Op::Reserve { want: 1 }) {
             entry.reserving.store(false, Ordering::Release);
         }
     });
@@ -299,7 +302,7 @@ pub(crate) async fn writer(
 }
 
 fn release_reserving(job: &Job) {
-    if matches!(job.op, Op::Reserve) {
+    if matches!(job.op, Op::Reserve { .. }) {
         job.entry.reserving.store(false, Ordering::Release);
     }
 }
@@ -324,12 +327,9 @@ async fn run(
             vec![successes.to_string(), if *reset { "1" } else { "0" }.into()],
         ),
         Op::Trip { reason } => (&scripts.trip, vec![(*reason).to_owned()]),
-        Op::Reserve => (
+        Op::Reserve { want } => (
             &scripts.reserve,
-            vec![
-                link.settings.breaker.half_open_probes.max(1).to_string(),
-                link.settings.replica.clone(),
-            ],
+            vec![want.to_string(), link.settings.replica.clone()],
         ),
         Op::Probe { token, result } => (
             &scripts.probe,
@@ -363,14 +363,14 @@ async fn run(
                 Box::pin(run(inner, conn, scripts, args, &next)).await?;
             }
         }
-        (Op::Reserve, Reply::Reserved { cooldown, tokens }) => {
+        (Op::Reserve { .. }, Reply::Reserved { cooldown, tokens }) => {
             let mut tickets = entry.tickets();
             tickets.free.extend(tokens);
             tickets.expires = Some(Instant::now() + cooldown);
             drop(tickets);
             entry.reserving.store(false, Ordering::Release);
         }
-        (Op::Reserve, Reply::State(fleet)) => {
+        (Op::Reserve { .. }, Reply::State(fleet)) => {
             entry.reserving.store(false, Ordering::Release);
             adopt(inner, entry, &fleet);
             // Still cooling down here: ask again when it ends.
@@ -378,7 +378,7 @@ async fn run(
                 schedule_reserve(entry, fleet.rest);
             }
         }
-        (Op::Reserve, _) => entry.reserving.store(false, Ordering::Release),
+        (Op::Reserve { .. }, _) => entry.reserving.store(false, Ordering::Release),
         (_, Reply::State(fleet)) => adopt(inner, entry, &fleet),
         (_, Reply::Counted | Reply::Nothing | Reply::Reserved { .. }) => {}
     }
@@ -422,15 +422,16 @@ fn is_connection_error(e: &redis::RedisError) -> bool {
         || e.is_unrecoverable_error()
 }
 
-/// Reads every circuit's shared state and reconciles; flushes pending
-/// successes.
+/// Reads every circuit's shared state and reconciles (one pipelined round
+/// trip per 256 circuits); flushes pending successes first.
 async fn resync_all(
     inner: &Inner,
     conn: &mut ConnectionManager,
     scripts: &Scripts,
     args: &[String],
 ) -> Result<(), Down> {
-    for entry in inner.entries() {
+    let entries = inner.entries();
+    for entry in &entries {
         let successes = entry.successes.swap(0, Ordering::AcqRel);
         if successes > 0 {
             let job = Job {
@@ -442,13 +443,70 @@ async fn resync_all(
             };
             run(inner, conn, scripts, args, &job).await?;
         }
-        let job = Job {
-            entry,
-            op: Op::Sync,
+    }
+    let timeout = inner.link().settings.op_timeout;
+    for chunk in entries.chunks(256) {
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME");
+        for entry in chunk {
+            pipe.cmd("HMGET")
+                .arg(&entry.hash_key)
+                .arg(&["st", "until", "re", "gen", "why"]);
+        }
+        let replies = match tokio::time::timeout(
+            timeout,
+            pipe.query_async::<Vec<redis::Value>>(conn),
+        )
+        .await
+        {
+            Ok(Ok(replies)) => replies,
+            Ok(Err(e)) if !is_connection_error(&e) => {
+                tracing::warn!(error = %e, "shared breaker store: resync failed");
+                return Ok(());
+            }
+            Ok(Err(_)) | Err(_) => return Err(Down),
         };
-        run(inner, conn, scripts, args, &job).await?;
+        let mut replies = replies.into_iter();
+        let now = replies
+            .next()
+            .and_then(|v| redis::from_redis_value::<(u64, u64)>(v).ok())
+            .map(|(secs, micros)| secs * 1000 + micros / 1000);
+        let Some(now) = now else { return Ok(()) };
+        for (entry, reply) in chunk.iter().zip(replies) {
+            let fields = redis::from_redis_value::<Vec<Option<String>>>(reply).unwrap_or_default();
+            let Some(fleet) = fleet_of_fields(&fields, now) else {
+                continue;
+            };
+            if let Some(op) = reconcile(inner, entry, &fleet) {
+                let job = Job {
+                    entry: entry.clone(),
+                    op,
+                };
+                run(inner, conn, scripts, args, &job).await?;
+            }
+        }
     }
     Ok(())
+}
+
+/// The shared state from `HMGET st until re gen why` at server time `now`
+/// (ms); an absent key reads closed.
+fn fleet_of_fields(fields: &[Option<String>], now: u64) -> Option<Fleet> {
+    let field = |i: usize| fields.get(i).and_then(Option::as_deref);
+    let number = |i: usize| field(i).map_or(Some(0), |v| v.parse::<u64>().ok());
+    let state = field(0).unwrap_or("closed");
+    let rest = if state == "open" {
+        number(1)?.saturating_sub(now)
+    } else {
+        0
+    };
+    fleet(
+        &number(3)?.to_string(),
+        state,
+        &rest.to_string(),
+        &number(2)?.to_string(),
+        field(4).unwrap_or("none"),
+    )
 }
 
 /// The listener: subscribes to the channel and adopts every message at
@@ -549,5 +607,34 @@ mod tests {
         assert_eq!(fleet.state, FleetState::Closed);
         assert_eq!(fleet.reason, TransitionReason::ClosedByHand);
         assert!(parse_message("5|closed|0|0").is_none());
+    }
+
+    #[test]
+    fn a_forgotten_key_reads_closed_and_an_open_one_its_rest() {
+        let closed = fleet_of_fields(&[None, None, None, None, None], 1_000).expect("parses");
+        assert_eq!((closed.state, closed.generation), (FleetState::Closed, 0));
+        let some = |v: &str| Some(v.to_owned());
+        let open = fleet_of_fields(
+            &[
+                some("open"),
+                some("1250"),
+                some("1"),
+                some("7"),
+                some("failure_ratio"),
+            ],
+            1_000,
+        )
+        .expect("parses");
+        assert_eq!(
+            open,
+            Fleet {
+                generation: 7,
+                state: FleetState::Open,
+                rest: Duration::from_millis(250),
+                reopens: 1,
+                reason: TransitionReason::FailureRatio,
+            }
+        );
+        assert!(fleet_of_fields(&[some("open"), some("soon")], 1_000).is_none());
     }
 }
