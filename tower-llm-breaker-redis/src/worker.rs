@@ -40,6 +40,7 @@ pub(crate) enum Reply {
     State(Fleet),
     Counted,
     Reserved {
+        generation: u64,
         cooldown: Duration,
         tokens: Vec<String>,
     },
@@ -88,8 +89,10 @@ pub(crate) fn parse_reply(v: &[String]) -> Option<Reply> {
         },
         "C" => Some(Reply::Counted),
         "R" => {
+            let generation = v.get(1)?.parse().ok()?;
             let cooldown = Duration::from_millis(v.get(2)?.parse().ok()?);
             Some(Reply::Reserved {
+                generation,
                 cooldown,
                 tokens: v.get(3..)?.to_vec(),
             })
@@ -363,11 +366,21 @@ async fn run(
                 Box::pin(run(inner, conn, scripts, args, &next)).await?;
             }
         }
-        (Op::Reserve { .. }, Reply::Reserved { cooldown, tokens }) => {
-            let mut tickets = entry.tickets();
-            tickets.free.extend(tokens);
-            tickets.expires = Some(Instant::now() + cooldown);
-            drop(tickets);
+        (
+            Op::Reserve { .. },
+            Reply::Reserved {
+                generation,
+                cooldown,
+                tokens,
+            },
+        ) => {
+            // Tokens of a half-open period already over (a newer open was
+            // adopted meanwhile) are void: Redis dropped them with it.
+            if generation >= entry.generation.load(Ordering::Acquire) {
+                let mut tickets = entry.tickets();
+                tickets.free.extend(tokens);
+                tickets.expires = Some(Instant::now() + cooldown);
+            }
             entry.reserving.store(false, Ordering::Release);
         }
         (Op::Reserve { .. }, Reply::State(fleet)) => {
@@ -584,6 +597,7 @@ mod tests {
         assert_eq!(
             parse_reply(&strings(&["R", "9", "1000", "a:1", "a:2"])),
             Some(Reply::Reserved {
+                generation: 9,
                 cooldown: Duration::from_secs(1),
                 tokens: strings(&["a:1", "a:2"]),
             })
