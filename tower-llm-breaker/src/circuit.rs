@@ -2,13 +2,13 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::{BreakerConfig, BreakerKey};
+use crate::{BreakerConfig, BreakerKey, CircuitEvent, CircuitEvents};
 
 const CLOSED: u8 = 0;
 const OPEN: u8 = 1;
@@ -202,6 +202,8 @@ pub struct Circuit {
     /// Set when the store forgets the circuit: a service holding a weak
     /// reference to it asks the store again.
     retired: AtomicBool,
+    /// A shared store's listener (none for a local circuit).
+    events: Option<Arc<dyn CircuitEvents>>,
 }
 
 #[derive(Debug, Default)]
@@ -271,6 +273,23 @@ impl Circuit {
             held_until: AtomicU64::new(0),
             slow: Mutex::new(Slow::default()),
             retired: AtomicBool::new(false),
+            events: None,
+        }
+    }
+
+    /// A closed circuit for `key` that reports what it counts to `events`
+    /// and asks it before admitting a half-open probe: the hook of a store
+    /// that shares circuits between replicas (see [`CircuitEvents`]).
+    pub fn with_events(key: BreakerKey, events: Arc<dyn CircuitEvents>) -> Self {
+        Circuit {
+            events: Some(events),
+            ..Circuit::new(key)
+        }
+    }
+
+    fn emit(&self, event: CircuitEvent, transition: Option<&Transition>) {
+        if let Some(events) = &self.events {
+            events.on_event(self, event, transition);
         }
     }
 
@@ -442,7 +461,12 @@ impl Circuit {
             slow.probes_in_flight = 0;
             slow.probe_epoch = slow.probe_epoch.wrapping_add(1);
         }
-        if slow.probes_in_flight < cfg.half_open_probes.max(1) {
+        if slow.probes_in_flight < cfg.half_open_probes.max(1)
+            && self
+                .events
+                .as_ref()
+                .is_none_or(|events| events.permit_probe(&self.key))
+        {
             slow.probes_in_flight += 1;
             slow.last_probe_at = Some(now);
             let generation = self.generation.load(Ordering::Acquire);
@@ -493,6 +517,7 @@ impl Circuit {
                     let epoch = self.epoch(ratio.window);
                     self.lock().window.record(epoch, false);
                 }
+                self.emit(CircuitEvent::Success, None);
                 return None;
             }
             Verdict::Failure => {}
@@ -515,23 +540,29 @@ impl Circuit {
             None => false,
         };
         if !(by_count || by_ratio) {
+            drop(slow);
+            self.emit(CircuitEvent::Failure, None);
             return None;
         }
         let mut slow = match slow {
             Some(guard) => guard,
             None => self.lock(),
         };
-        if self.generation.load(Ordering::Acquire) != generation {
-            return None;
-        }
-        let now = Instant::now();
-        let reason = if by_count {
-            TransitionReason::ConsecutiveFailures
+        let transition = if self.generation.load(Ordering::Acquire) == generation {
+            let now = Instant::now();
+            let reason = if by_count {
+                TransitionReason::ConsecutiveFailures
+            } else {
+                TransitionReason::FailureRatio
+            };
+            let open_for = cfg.cooldown_after(slow.reopens);
+            self.set_open(&mut slow, now, open_for, reason)
         } else {
-            TransitionReason::FailureRatio
+            None
         };
-        let open_for = cfg.cooldown_after(slow.reopens);
-        self.set_open(&mut slow, now, open_for, reason)
+        drop(slow);
+        self.emit(CircuitEvent::Failure, transition.as_ref());
+        transition
     }
 
     fn record_probe(
@@ -557,22 +588,25 @@ impl Circuit {
         }
         slow.probes_in_flight = slow.probes_in_flight.saturating_sub(1);
         let now = Instant::now();
-        match verdict {
-            Verdict::Neutral | Verdict::Hold(_) => None,
+        let (event, transition) = match verdict {
+            Verdict::Neutral | Verdict::Hold(_) => (CircuitEvent::ProbeReleased, None),
             Verdict::Success => {
                 slow.probe_successes += 1;
-                if slow.probe_successes >= cfg.half_open_probes.max(1) {
-                    Some(self.set_closed(&mut slow, now, TransitionReason::ProbesSucceeded))
-                } else {
-                    None
-                }
+                let closed = (slow.probe_successes >= cfg.half_open_probes.max(1))
+                    .then(|| self.set_closed(&mut slow, now, TransitionReason::ProbesSucceeded));
+                (CircuitEvent::ProbeSucceeded, closed)
             }
             Verdict::Failure => {
                 slow.reopens = slow.reopens.saturating_add(1);
                 let open_for = cfg.cooldown_after(slow.reopens);
-                self.set_open(&mut slow, now, open_for, TransitionReason::ProbeFailed)
+                let reopened =
+                    self.set_open(&mut slow, now, open_for, TransitionReason::ProbeFailed);
+                (CircuitEvent::ProbeFailed, reopened)
             }
-        }
+        };
+        drop(slow);
+        self.emit(event, transition.as_ref());
+        transition
     }
 
     /// A probe ended without an outcome (its future was dropped): frees
@@ -585,12 +619,26 @@ impl Circuit {
                 && slow.probe_epoch == epoch
             {
                 slow.probes_in_flight = slow.probes_in_flight.saturating_sub(1);
+                drop(slow);
+                self.emit(CircuitEvent::ProbeReleased, None);
             }
         }
     }
 
     /// Opens by hand until closed by hand.
     pub(crate) fn isolate(&self) -> Option<Transition> {
+        let transition = self.adopt_isolated();
+        if transition.is_some() {
+            self.emit(CircuitEvent::Isolated, transition.as_ref());
+        }
+        transition
+    }
+
+    /// Adopts an isolation decided elsewhere (by hand on another replica,
+    /// through a shared store): as [`BreakerHandle::isolate`](crate::BreakerHandle::isolate),
+    /// but not reported to this circuit's [`CircuitEvents`]. Returns the
+    /// transition, if the state changed.
+    pub fn adopt_isolated(&self) -> Option<Transition> {
         let mut slow = self.lock();
         let from = self.state();
         if from == CircuitState::Isolated {
@@ -622,15 +670,53 @@ impl Circuit {
 
     /// Closes by hand and forgets all counts (and any rate-limit hold).
     pub(crate) fn close(&self) -> Option<Transition> {
+        let transition = self.adopt_closed(TransitionReason::ClosedByHand);
+        self.emit(CircuitEvent::ClosedByHand, transition.as_ref());
+        transition
+    }
+
+    /// Adopts a close decided elsewhere (through a shared store), not
+    /// reported to this circuit's [`CircuitEvents`]. With
+    /// [`TransitionReason::ClosedByHand`] it is a close by hand (counts
+    /// and any rate-limit hold forgotten, even if already closed); with
+    /// any other reason (probes succeeded on another replica) an open,
+    /// half-open or isolated circuit closes and a closed one is left
+    /// alone. Returns the transition, if the state changed.
+    pub fn adopt_closed(&self, reason: TransitionReason) -> Option<Transition> {
         let mut slow = self.lock();
-        self.held_until.store(0, Ordering::Release);
+        let by_hand = reason == TransitionReason::ClosedByHand;
+        if by_hand {
+            self.held_until.store(0, Ordering::Release);
+        }
         if self.state() == CircuitState::Closed {
-            self.consecutive.store(0, Ordering::Relaxed);
-            slow.window = Window::default();
-            slow.reopens = 0;
+            if by_hand {
+                self.consecutive.store(0, Ordering::Relaxed);
+                slow.window = Window::default();
+                slow.reopens = 0;
+            }
             return None;
         }
-        Some(self.set_closed(&mut slow, Instant::now(), TransitionReason::ClosedByHand))
+        Some(self.set_closed(&mut slow, Instant::now(), reason))
+    }
+
+    /// Adopts an open decided elsewhere (another replica tripped, through
+    /// a shared store), not reported to this circuit's [`CircuitEvents`]:
+    /// a closed or half-open circuit opens for `open_for`, an open one is
+    /// only ever extended, an isolated one is left alone. `reopens` is the
+    /// count of consecutive re-opens the other side knows (for cooldown
+    /// growth). Returns the transition, if the state changed.
+    pub fn adopt_open(
+        &self,
+        open_for: Duration,
+        reopens: u32,
+        reason: TransitionReason,
+    ) -> Option<Transition> {
+        let mut slow = self.lock();
+        if self.state.load(Ordering::Acquire) == ISOLATED {
+            return None;
+        }
+        slow.reopens = reopens;
+        self.set_open(&mut slow, Instant::now(), open_for, reason)
     }
 
     fn epoch(&self, window: Duration) -> u64 {

@@ -138,9 +138,21 @@
 //! # Feature flags
 //!
 //! None.
+//!
+//! # Sharing circuits between replicas
+//!
+//! A store can share circuits with other processes (as
+//! `tower-llm-breaker-redis` does through Redis) without touching the
+//! layer: it makes its circuits with [`Circuit::with_events`], learns what
+//! each counts through [`CircuitEvents`], gates half-open probes with
+//! [`CircuitEvents::permit_probe`], and applies what other replicas decided
+//! with [`Circuit::adopt_open`], [`adopt_closed`](Circuit::adopt_closed)
+//! and [`adopt_isolated`](Circuit::adopt_isolated). A plain [`MemoryStore`]
+//! pays one branch on `None` for it.
 
 mod circuit;
 mod config;
+mod events;
 mod future;
 mod handle;
 mod key;
@@ -150,6 +162,7 @@ mod store;
 
 pub use circuit::{Circuit, CircuitSnapshot, CircuitState, Transition, TransitionReason};
 pub use config::{BreakerConfig, BreakerCount, RatioTrigger};
+pub use events::{CircuitEvent, CircuitEvents};
 pub use future::ResponseFuture;
 pub use handle::BreakerHandle;
 pub use key::{AuthorityKey, BreakerKey, KeyFn, KeyView, LinkKey};

@@ -71,7 +71,12 @@ pub struct MemoryStore {
     /// When the last eviction sweep ran (milliseconds after `origin`).
     last_sweep: AtomicU64,
     origin: Instant,
+    make: Option<MakeCircuit>,
 }
+
+/// How a [`MemoryStore`] makes a new circuit (see
+/// [`MemoryStore::with_circuits`]).
+type MakeCircuit = Arc<dyn Fn(BreakerKey) -> Circuit + Send + Sync>;
 
 impl MemoryStore {
     /// A store holding at most `max_keys` circuits (at least 1).
@@ -86,7 +91,30 @@ impl MemoryStore {
             stale_after: Duration::from_secs(600),
             last_sweep: AtomicU64::new(0),
             origin: Instant::now(),
+            make: None,
         }
+    }
+
+    /// Makes each new circuit with `make` instead of [`Circuit::new`]: the
+    /// hook of a store that keeps its local circuits here and attaches
+    /// [`CircuitEvents`](crate::CircuitEvents) to each
+    /// ([`Circuit::with_events`]). `make` must return a circuit for the key
+    /// it is given; it runs only when a key is first seen, never on the
+    /// hot path.
+    #[must_use]
+    pub fn with_circuits(
+        mut self,
+        make: impl Fn(BreakerKey) -> Circuit + Send + Sync + 'static,
+    ) -> Self {
+        self.make = Some(Arc::new(make));
+        self
+    }
+
+    fn make(&self, key: BreakerKey) -> Arc<Circuit> {
+        Arc::new(match &self.make {
+            Some(make) => make(key),
+            None => Circuit::new(key),
+        })
     }
 
     /// How long a failure (or an ended cooldown) must lie in the past before
@@ -124,14 +152,14 @@ impl MemoryStore {
         if self.len() >= self.max_keys {
             self.evict_idle();
             if self.len() >= self.max_keys {
-                return Arc::new(Circuit::new(owned()));
+                return self.make(owned());
             }
         }
         let mut map = shard.write().unwrap_or_else(PoisonError::into_inner);
         if let Some(c) = map.get(&key as &dyn AsKey) {
             return c.clone();
         }
-        let circuit = Arc::new(Circuit::new(owned()));
+        let circuit = self.make(owned());
         map.insert(circuit.key().clone(), circuit.clone());
         self.len.fetch_add(1, Ordering::Relaxed);
         circuit
@@ -180,6 +208,7 @@ impl fmt::Debug for MemoryStore {
             .field("len", &self.len())
             .field("max_keys", &self.max_keys)
             .field("stale_after", &self.stale_after)
+            .field("with_circuits", &self.make.is_some())
             .finish()
     }
 }

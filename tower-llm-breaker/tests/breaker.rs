@@ -921,3 +921,167 @@ async fn a_429_with_retry_after_zero_holds_nothing_open() {
     assert_eq!(provider.calls(), 4);
     assert!(transitions.lock().expect("lock").is_empty());
 }
+
+/// Records what circuits report; admits probes only while `permits` > 0.
+#[derive(Debug, Default)]
+struct Recorder {
+    events: Mutex<Vec<(tower_llm_breaker::CircuitEvent, Option<CircuitState>)>>,
+    permits: AtomicUsize,
+}
+
+impl tower_llm_breaker::CircuitEvents for Recorder {
+    fn on_event(
+        &self,
+        _circuit: &tower_llm_breaker::Circuit,
+        event: tower_llm_breaker::CircuitEvent,
+        transition: Option<&Transition>,
+    ) {
+        self.events
+            .lock()
+            .expect("lock")
+            .push((event, transition.map(|t| t.to)));
+    }
+
+    fn permit_probe(&self, _key: &BreakerKey) -> bool {
+        self.permits
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+type Recorded = (
+    BreakerLayer,
+    BreakerHandle,
+    Arc<Recorder>,
+    Arc<tower_llm_breaker::MemoryStore>,
+);
+
+fn recorded(layer_config: BreakerConfig) -> Recorded {
+    use tower_llm_breaker::{Circuit, MemoryStore};
+    let recorder = Arc::new(Recorder::default());
+    let events = recorder.clone();
+    let store = Arc::new(
+        MemoryStore::new(10).with_circuits(move |key| Circuit::with_events(key, events.clone())),
+    );
+    let layer = BreakerLayer::new()
+        .with_config(layer_config)
+        .expect("valid config")
+        .with_store(store.clone());
+    let handle = layer.handle();
+    (layer, handle, recorder, store)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_circuit_reports_what_it_counts_and_asks_before_each_probe() {
+    use tower_llm_breaker::CircuitEvent as E;
+    let provider = Provider::new(Answer::Ok);
+    let config = BreakerConfig {
+        consecutive_failures: 2,
+        ..BreakerConfig::default()
+    };
+    let (layer, handle, recorder, _) = recorded(config);
+    let svc: Svc = BoxCloneService::new(layer.layer(provider.service()));
+    svc.clone().oneshot(req()).await.expect("ok");
+    provider.set(Answer::Status(400));
+    let _ = svc.clone().oneshot(req()).await; // neutral: not reported
+    provider.set(Answer::Status(503));
+    for _ in 0..2 {
+        let _ = svc.clone().oneshot(req()).await;
+    }
+    assert_eq!(
+        *recorder.events.lock().expect("lock"),
+        vec![
+            (E::Success, None),
+            (E::Failure, None),
+            (E::Failure, Some(CircuitState::Open)),
+        ]
+    );
+
+    // Half-open without a permit: refused as open, the provider untouched.
+    tokio::time::advance(Duration::from_secs(30)).await;
+    provider.set(Answer::Ok);
+    let err = svc.clone().oneshot(req()).await.expect_err("no permit");
+    assert!(err.is_circuit_open(), "{err:?}");
+    assert_eq!(provider.calls(), 4);
+    assert_eq!(state(&handle, &key()), CircuitState::HalfOpen);
+
+    // With one: the probe goes out and closes the circuit.
+    recorder.permits.store(1, Ordering::SeqCst);
+    svc.clone().oneshot(req()).await.expect("probe");
+    assert_eq!(provider.calls(), 5);
+    assert_eq!(state(&handle, &key()), CircuitState::Closed);
+
+    handle.isolate(&key());
+    handle.close(&key());
+    handle.close(&key()); // already closed: still a reset, still reported
+    let events = recorder.events.lock().expect("lock");
+    assert_eq!(
+        events[3..],
+        [
+            (E::ProbeSucceeded, Some(CircuitState::Closed)),
+            (E::Isolated, Some(CircuitState::Isolated)),
+            (E::ClosedByHand, Some(CircuitState::Closed)),
+            (E::ClosedByHand, None),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn adopted_states_change_the_circuit_without_being_reported() {
+    use tower_llm_breaker::TransitionReason as R;
+    let provider = Provider::new(Answer::Ok);
+    use tower_llm_breaker::BreakerStore;
+    let (layer, handle, recorder, store) = recorded(BreakerConfig::default());
+    let svc: Svc = BoxCloneService::new(layer.layer(provider.service()));
+    svc.clone().oneshot(req()).await.expect("ok");
+    recorder.events.lock().expect("lock").clear();
+    let circuit = store.find(&key()).expect("circuit");
+
+    let t = circuit
+        .adopt_open(Duration::from_secs(3), 2, R::ConsecutiveFailures)
+        .expect("opens");
+    assert_eq!(
+        (t.from, t.to, t.open_for),
+        (
+            CircuitState::Closed,
+            CircuitState::Open,
+            Some(Duration::from_secs(3))
+        )
+    );
+    // Only ever extended: a shorter open changes nothing.
+    assert!(
+        circuit
+            .adopt_open(Duration::from_secs(1), 2, R::ConsecutiveFailures)
+            .is_none()
+    );
+    let snap = handle.get(&key()).expect("circuit");
+    assert_eq!(
+        (snap.retry_after, snap.reopens),
+        (Some(Duration::from_secs(3)), 2)
+    );
+    let err = svc.clone().oneshot(req()).await.expect_err("open");
+    assert!(err.is_circuit_open());
+    assert_eq!(provider.calls(), 1);
+
+    assert_eq!(
+        circuit.adopt_isolated().map(|t| t.to),
+        Some(CircuitState::Isolated)
+    );
+    // An isolated circuit ignores opens from elsewhere.
+    assert!(
+        circuit
+            .adopt_open(Duration::from_secs(9), 0, R::ConsecutiveFailures)
+            .is_none()
+    );
+    assert_eq!(
+        circuit.adopt_closed(R::ClosedByHand).map(|t| t.to),
+        Some(CircuitState::Closed)
+    );
+    assert!(circuit.adopt_closed(R::ProbesSucceeded).is_none());
+    svc.clone().oneshot(req()).await.expect("closed again");
+    assert_eq!(
+        *recorder.events.lock().expect("lock"),
+        vec![(tower_llm_breaker::CircuitEvent::Success, None)],
+        "adoptions are not reported"
+    );
+}

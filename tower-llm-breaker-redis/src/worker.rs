@@ -1,0 +1,654 @@
+//! The background tasks: one writes to Redis from the queue (and resyncs),
+//! one listens to the channel. Nothing here is ever awaited by a call.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::ConnectionManager;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tower_llm_breaker::{BreakerStore, CircuitState, TransitionReason};
+
+use crate::entry::{Entry, Tickets};
+use crate::link::{Job, Link, Op};
+use crate::scripts::Scripts;
+use crate::store::Inner;
+
+/// The shared state of one circuit, as a script or a message gives it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Fleet {
+    pub(crate) generation: u64,
+    pub(crate) state: FleetState,
+    pub(crate) rest: Duration,
+    pub(crate) reopens: u32,
+    pub(crate) reason: TransitionReason,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FleetState {
+    Closed,
+    Open,
+    Isolated,
+    /// Not a state: failures are being counted (a success must reset them).
+    Failing,
+}
+
+#[derive(Debug, PartialEq)]
+pub(crate) enum Reply {
+    State(Fleet),
+    Counted,
+    Reserved {
+        generation: u64,
+        cooldown: Duration,
+        tokens: Vec<String>,
+    },
+    Nothing,
+}
+
+fn reason(label: &str, state: FleetState) -> TransitionReason {
+    match label {
+        "consecutive_failures" => TransitionReason::ConsecutiveFailures,
+        "failure_ratio" => TransitionReason::FailureRatio,
+        "probe_failed" => TransitionReason::ProbeFailed,
+        "probes_succeeded" => TransitionReason::ProbesSucceeded,
+        "closed_by_hand" => TransitionReason::ClosedByHand,
+        "isolated" => TransitionReason::Isolated,
+        _ => match state {
+            FleetState::Open => TransitionReason::ConsecutiveFailures,
+            FleetState::Isolated => TransitionReason::Isolated,
+            _ => TransitionReason::ProbesSucceeded,
+        },
+    }
+}
+
+fn fleet(generation: &str, state: &str, rest: &str, reopens: &str, why: &str) -> Option<Fleet> {
+    let state = match state {
+        "closed" => FleetState::Closed,
+        "open" => FleetState::Open,
+        "isolated" => FleetState::Isolated,
+        "failing" => FleetState::Failing,
+        _ => return None,
+    };
+    Some(Fleet {
+        generation: generation.parse().ok()?,
+        state,
+        rest: Duration::from_millis(rest.parse().ok()?),
+        reopens: reopens.parse().ok()?,
+        reason: reason(why, state),
+    })
+}
+
+/// Parses a script's reply (see `scripts.rs`); `None` if malformed.
+pub(crate) fn parse_reply(v: &[String]) -> Option<Reply> {
+    match v.first().map(String::as_str)? {
+        "S" => match v {
+            [_, g, st, rest, re, why] => fleet(g, st, rest, re, why).map(Reply::State),
+            _ => None,
+        },
+        "C" => Some(Reply::Counted),
+        "R" => {
+            let generation = v.get(1)?.parse().ok()?;
+            let cooldown = Duration::from_millis(v.get(2)?.parse().ok()?);
+            Some(Reply::Reserved {
+                generation,
+                cooldown,
+                tokens: v.get(3..)?.to_vec(),
+            })
+        }
+        "N" => Some(Reply::Nothing),
+        _ => None,
+    }
+}
+
+/// Parses a channel message: `(id, state)`.
+pub(crate) fn parse_message(payload: &str) -> Option<(&str, Fleet)> {
+    let mut parts = payload.splitn(6, '|');
+    let (g, st, rest, re, why, id) = (
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+        parts.next()?,
+    );
+    Some((id, fleet(g, st, rest, re, why)?))
+}
+
+/// Adopts a newer shared state into the local circuit.
+pub(crate) fn adopt(inner: &Inner, entry: &Arc<Entry>, fleet: &Fleet) {
+    if fleet.state == FleetState::Failing {
+        entry.dirty.store(true, Ordering::Release);
+        return;
+    }
+    let seen = entry
+        .generation
+        .fetch_max(fleet.generation, Ordering::AcqRel);
+    if fleet.generation <= seen {
+        return;
+    }
+    let Some(circuit) = inner.local.find(&entry.key) else {
+        return;
+    };
+    *entry.tickets() = Tickets::default();
+    let transition = match fleet.state {
+        FleetState::Open => {
+            entry.dirty.store(false, Ordering::Release);
+            if fleet.rest > Duration::ZERO {
+                schedule_reserve(entry, fleet.rest);
+            }
+            // Already half-open here with the shared cooldown over: keep
+            // the local probes.
+            let half_open_over = fleet.rest.is_zero() && circuit.state() == CircuitState::HalfOpen;
+            if half_open_over {
+                None
+            } else {
+                circuit.adopt_open(fleet.rest, fleet.reopens, fleet.reason)
+            }
+        }
+        FleetState::Closed => {
+            entry.dirty.store(false, Ordering::Release);
+            circuit.adopt_closed(fleet.reason)
+        }
+        FleetState::Isolated => circuit.adopt_isolated(),
+        FleetState::Failing => None,
+    };
+    if let Some(t) = transition {
+        tracing::info!(
+            provider = t.key.provider(),
+            model = t.key.model(),
+            from = t.from.as_metric_label(),
+            to = t.to.as_metric_label(),
+            reason = t.reason.as_metric_label(),
+            "circuit state adopted from the shared store"
+        );
+        if let Some(observer) = &inner.observer {
+            observer(&t);
+        }
+    }
+}
+
+/// Asks for one probe token when the shared cooldown ends: every replica
+/// that knows the circuit does, so with `half_open_probes` above 1 the
+/// tokens spread over several replicas; one that runs out while calls
+/// wait asks for more ([`Entry::kick`]).
+fn schedule_reserve(entry: &Arc<Entry>, after: Duration) {
+    entry.reserving.store(true, Ordering::Release);
+    let entry = entry.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        if !entry.link.send_always(&entry, Op::Reserve { want: 1 }) {
+            entry.reserving.store(false, Ordering::Release);
+        }
+    });
+}
+
+/// After a read: adopt a newer shared state, or push what this replica
+/// decided alone (while Redis was away) if the shared state lags.
+fn reconcile(inner: &Inner, entry: &Arc<Entry>, fleet: &Fleet) -> Option<Op> {
+    if fleet.generation > entry.generation.load(Ordering::Acquire) {
+        adopt(inner, entry, fleet);
+        return None;
+    }
+    let circuit = inner.local.find(&entry.key)?;
+    let local = circuit.snapshot();
+    match (local.state, fleet.state) {
+        (CircuitState::Isolated, FleetState::Isolated) => None,
+        (CircuitState::Isolated, _) => Some(Op::Isolate),
+        (CircuitState::Open, FleetState::Closed) if local.retry_after.is_some() => Some(Op::Trip {
+            reason: "consecutive_failures",
+        }),
+        (CircuitState::HalfOpen, FleetState::Closed) => {
+            // A forgotten (expired) key reads closed.
+            circuit.adopt_closed(TransitionReason::ProbesSucceeded);
+            None
+        }
+        // Closed here since the shared open was adopted (by hand, or by
+        // probes admitted while Redis was away).
+        (CircuitState::Closed, FleetState::Open | FleetState::Isolated) => {
+            Some(Op::Close { reason: "resync" })
+        }
+        _ => None,
+    }
+}
+
+/// The writer: runs the queue's ops one at a time, each bounded by the op
+/// timeout; an error or timeout marks Redis down (local rules at once);
+/// while down, pings with backoff; when back, resyncs every circuit.
+pub(crate) async fn writer(
+    inner: Weak<Inner>,
+    link: Arc<Link>,
+    client: redis::Client,
+    mut rx: mpsc::Receiver<Job>,
+    mut shutdown: watch::Receiver<bool>,
+    mut resync: mpsc::Receiver<()>,
+) {
+    let scripts = Scripts::new();
+    let args = link.settings.script_args();
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(link.settings.op_timeout))
+        .set_response_timeout(Some(link.settings.op_timeout))
+        .set_number_of_retries(1)
+        .set_max_delay(link.settings.max_backoff);
+    let mut conn = match ConnectionManager::new_lazy_with_config(client, config) {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::error!(error = %e, "shared breaker store: cannot make a connection manager");
+            return;
+        }
+    };
+    let mut backoff = Duration::from_millis(25);
+    let mut retry_at = Instant::now();
+    let mut tick = tokio::time::interval(link.settings.resync_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut up = false;
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            job = rx.recv() => {
+                let Some(job) = job else { return };
+                let Some(inner) = inner.upgrade() else { return };
+                if !up {
+                    release_reserving(&job);
+                    continue;
+                }
+                if run(&inner, &mut conn, &scripts, &args, &job).await.is_err() {
+                    release_reserving(&job);
+                    up = false;
+                    link.set_cmd_up(false);
+                    backoff = Duration::from_millis(25);
+                    retry_at = Instant::now() + backoff;
+                }
+            }
+            _ = tokio::time::sleep_until(retry_at), if !up => {
+                let ping = tokio::time::timeout(
+                    link.settings.op_timeout,
+                    redis::cmd("PING").query_async::<String>(&mut conn),
+                ).await;
+                if matches!(ping, Ok(Ok(_))) {
+                    up = true;
+                    link.set_cmd_up(true);
+                    let Some(inner) = inner.upgrade() else { return };
+                    if resync_all(&inner, &mut conn, &scripts, &args).await.is_err() {
+                        up = false;
+                        link.set_cmd_up(false);
+                    }
+                }
+                if !up {
+                    backoff = (backoff * 2).min(link.settings.max_backoff);
+                    retry_at = Instant::now() + backoff;
+                }
+            }
+            Some(()) = resync.recv() => {
+                // The subscription came back: messages may have been missed.
+                if up {
+                    let Some(inner) = inner.upgrade() else { return };
+                    if resync_all(&inner, &mut conn, &scripts, &args).await.is_err() {
+                        up = false;
+                        link.set_cmd_up(false);
+                        retry_at = Instant::now() + backoff;
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                let Some(inner) = inner.upgrade() else { return };
+                if up && resync_all(&inner, &mut conn, &scripts, &args).await.is_err() {
+                    up = false;
+                    link.set_cmd_up(false);
+                    backoff = Duration::from_millis(25);
+                    retry_at = Instant::now() + backoff;
+                }
+            }
+        }
+    }
+}
+
+fn release_reserving(job: &Job) {
+    if matches!(job.op, Op::Reserve { .. }) {
+        job.entry.reserving.store(false, Ordering::Release);
+    }
+}
+
+#[derive(Debug)]
+struct Down;
+
+/// Runs one op and applies its reply.
+async fn run(
+    inner: &Inner,
+    conn: &mut ConnectionManager,
+    scripts: &Scripts,
+    args: &[String],
+    job: &Job,
+) -> Result<(), Down> {
+    let entry = &job.entry;
+    let link = &entry.link;
+    let (script, extra): (&redis::Script, Vec<String>) = match &job.op {
+        Op::Failure { successes } => (&scripts.failure, vec![successes.to_string()]),
+        Op::Success { successes, reset } => (
+            &scripts.success,
+            vec![successes.to_string(), if *reset { "1" } else { "0" }.into()],
+        ),
+        Op::Trip { reason } => (&scripts.trip, vec![(*reason).to_owned()]),
+        Op::Reserve { want } => (
+            &scripts.reserve,
+            vec![want.to_string(), link.settings.replica.clone()],
+        ),
+        Op::Probe { token, result } => (
+            &scripts.probe,
+            vec![token.clone(), result.as_str().to_owned()],
+        ),
+        Op::Close { reason } => (&scripts.close, vec![(*reason).to_owned()]),
+        Op::Isolate => (&scripts.isolate, Vec::new()),
+        Op::Sync => (&scripts.read, Vec::new()),
+    };
+    let reply = invoke(
+        conn,
+        script,
+        entry,
+        &link.settings.channel,
+        args,
+        &extra,
+        link,
+    )
+    .await?;
+    let Some(reply) = parse_reply(&reply) else {
+        tracing::warn!(reply = ?reply, "shared breaker store: unexpected script reply");
+        return Ok(());
+    };
+    match (&job.op, reply) {
+        (Op::Sync, Reply::State(fleet)) => {
+            if let Some(op) = reconcile(inner, entry, &fleet) {
+                let next = Job {
+                    entry: entry.clone(),
+                    op,
+                };
+                Box::pin(run(inner, conn, scripts, args, &next)).await?;
+            }
+        }
+        (
+            Op::Reserve { .. },
+            Reply::Reserved {
+                generation,
+                cooldown,
+                tokens,
+            },
+        ) => {
+            // Tokens of a half-open period already over (a newer open was
+            // adopted meanwhile) are void: Redis dropped them with it.
+            if generation >= entry.generation.load(Ordering::Acquire) {
+                let mut tickets = entry.tickets();
+                tickets.free.extend(tokens);
+                tickets.expires = Some(Instant::now() + cooldown);
+            }
+            entry.reserving.store(false, Ordering::Release);
+        }
+        (Op::Reserve { .. }, Reply::State(fleet)) => {
+            entry.reserving.store(false, Ordering::Release);
+            adopt(inner, entry, &fleet);
+            // Still cooling down here: ask again when it ends.
+            if fleet.state == FleetState::Open && !fleet.rest.is_zero() {
+                schedule_reserve(entry, fleet.rest);
+            }
+        }
+        (Op::Reserve { .. }, _) => entry.reserving.store(false, Ordering::Release),
+        (_, Reply::State(fleet)) => adopt(inner, entry, &fleet),
+        (_, Reply::Counted | Reply::Nothing | Reply::Reserved { .. }) => {}
+    }
+    Ok(())
+}
+
+async fn invoke(
+    conn: &mut ConnectionManager,
+    script: &redis::Script,
+    entry: &Entry,
+    channel: &str,
+    args: &[String],
+    extra: &[String],
+    link: &Link,
+) -> Result<Vec<String>, Down> {
+    let mut call = script.key(&entry.hash_key);
+    call.key(&entry.probes_key).arg(channel).arg(&entry.id);
+    for a in args.iter().chain(extra) {
+        call.arg(a);
+    }
+    match tokio::time::timeout(link.settings.op_timeout, call.invoke_async(conn)).await {
+        Ok(Ok(reply)) => Ok(reply),
+        Ok(Err(e)) if !is_connection_error(&e) => {
+            // The server answered with an error: a bug, not an outage.
+            tracing::warn!(error = %e, "shared breaker store: script failed");
+            Ok(vec!["N".to_owned()])
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "shared breaker store: command failed");
+            Err(Down)
+        }
+        Err(_) => Err(Down),
+    }
+}
+
+fn is_connection_error(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || e.is_unrecoverable_error()
+}
+
+/// Reads every circuit's shared state and reconciles (one pipelined round
+/// trip per 256 circuits); flushes pending successes first.
+async fn resync_all(
+    inner: &Inner,
+    conn: &mut ConnectionManager,
+    scripts: &Scripts,
+    args: &[String],
+) -> Result<(), Down> {
+    let entries = inner.entries();
+    for entry in &entries {
+        let successes = entry.successes.swap(0, Ordering::AcqRel);
+        if successes > 0 {
+            let job = Job {
+                entry: entry.clone(),
+                op: Op::Success {
+                    successes,
+                    reset: entry.dirty.swap(false, Ordering::AcqRel),
+                },
+            };
+            run(inner, conn, scripts, args, &job).await?;
+        }
+    }
+    let timeout = inner.link().settings.op_timeout;
+    for chunk in entries.chunks(256) {
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME");
+        for entry in chunk {
+            pipe.cmd("HMGET")
+                .arg(&entry.hash_key)
+                .arg(&["st", "until", "re", "gen", "why"]);
+        }
+        let replies = match tokio::time::timeout(
+            timeout,
+            pipe.query_async::<Vec<redis::Value>>(conn),
+        )
+        .await
+        {
+            Ok(Ok(replies)) => replies,
+            Ok(Err(e)) if !is_connection_error(&e) => {
+                tracing::warn!(error = %e, "shared breaker store: resync failed");
+                return Ok(());
+            }
+            Ok(Err(_)) | Err(_) => return Err(Down),
+        };
+        let mut replies = replies.into_iter();
+        let now = replies
+            .next()
+            .and_then(|v| redis::from_redis_value::<(u64, u64)>(v).ok())
+            .map(|(secs, micros)| secs * 1000 + micros / 1000);
+        let Some(now) = now else { return Ok(()) };
+        for (entry, reply) in chunk.iter().zip(replies) {
+            let fields = redis::from_redis_value::<Vec<Option<String>>>(reply).unwrap_or_default();
+            let Some(fleet) = fleet_of_fields(&fields, now) else {
+                continue;
+            };
+            if let Some(op) = reconcile(inner, entry, &fleet) {
+                let job = Job {
+                    entry: entry.clone(),
+                    op,
+                };
+                run(inner, conn, scripts, args, &job).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The shared state from `HMGET st until re gen why` at server time `now`
+/// (ms); an absent key reads closed.
+fn fleet_of_fields(fields: &[Option<String>], now: u64) -> Option<Fleet> {
+    let field = |i: usize| fields.get(i).and_then(Option::as_deref);
+    let number = |i: usize| field(i).map_or(Some(0), |v| v.parse::<u64>().ok());
+    let state = field(0).unwrap_or("closed");
+    let rest = if state == "open" {
+        number(1)?.saturating_sub(now)
+    } else {
+        0
+    };
+    fleet(
+        &number(3)?.to_string(),
+        state,
+        &rest.to_string(),
+        &number(2)?.to_string(),
+        field(4).unwrap_or("none"),
+    )
+}
+
+/// The listener: subscribes to the channel and adopts every message at
+/// once; reconnects with backoff, and asks the writer to resync each time
+/// the subscription is back.
+pub(crate) async fn listener(
+    inner: Weak<Inner>,
+    link: Arc<Link>,
+    client: redis::Client,
+    mut shutdown: watch::Receiver<bool>,
+    resync: mpsc::Sender<()>,
+) {
+    let mut backoff = Duration::from_millis(25);
+    loop {
+        let connect = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&link.settings.channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        let pubsub = tokio::select! {
+            _ = shutdown.changed() => return,
+            r = tokio::time::timeout(link.settings.op_timeout, connect) => r,
+        };
+        if let Ok(Ok(pubsub)) = pubsub {
+            backoff = Duration::from_millis(25);
+            link.set_sub_up(true);
+            let _ = resync.try_send(());
+            let mut messages = pubsub.into_on_message();
+            loop {
+                let msg = tokio::select! {
+                    _ = shutdown.changed() => return,
+                    msg = messages.next() => msg,
+                };
+                let Some(msg) = msg else { break };
+                let Some(inner) = inner.upgrade() else { return };
+                let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) else {
+                    continue;
+                };
+                if let Some((id, fleet)) = parse_message(payload) {
+                    if let Some(entry) = inner.entry(id) {
+                        adopt(&inner, &entry, &fleet);
+                    }
+                }
+            }
+            link.set_sub_up(false);
+        }
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(link.settings.max_backoff);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn replies_parse_and_malformed_ones_do_not() {
+        assert_eq!(
+            parse_reply(&strings(&["S", "17", "open", "250", "2", "probe_failed"])),
+            Some(Reply::State(Fleet {
+                generation: 17,
+                state: FleetState::Open,
+                rest: Duration::from_millis(250),
+                reopens: 2,
+                reason: TransitionReason::ProbeFailed,
+            }))
+        );
+        assert_eq!(
+            parse_reply(&strings(&["R", "9", "1000", "a:1", "a:2"])),
+            Some(Reply::Reserved {
+                generation: 9,
+                cooldown: Duration::from_secs(1),
+                tokens: strings(&["a:1", "a:2"]),
+            })
+        );
+        assert_eq!(
+            parse_reply(&strings(&["S", "x", "open", "1", "0", "y"])),
+            None
+        );
+        assert_eq!(
+            parse_reply(&strings(&["S", "1", "weird", "1", "0", "y"])),
+            None
+        );
+        assert_eq!(parse_reply(&strings(&["Q"])), None);
+        assert_eq!(parse_reply(&[]), None);
+    }
+
+    #[test]
+    fn messages_keep_pipes_in_the_id_out() {
+        let (id, fleet) = parse_message("5|closed|0|0|closed_by_hand|p/m").expect("parses");
+        assert_eq!(id, "p/m");
+        assert_eq!(fleet.state, FleetState::Closed);
+        assert_eq!(fleet.reason, TransitionReason::ClosedByHand);
+        assert!(parse_message("5|closed|0|0").is_none());
+    }
+
+    #[test]
+    fn a_forgotten_key_reads_closed_and_an_open_one_its_rest() {
+        let closed = fleet_of_fields(&[None, None, None, None, None], 1_000).expect("parses");
+        assert_eq!((closed.state, closed.generation), (FleetState::Closed, 0));
+        let some = |v: &str| Some(v.to_owned());
+        let open = fleet_of_fields(
+            &[
+                some("open"),
+                some("1250"),
+                some("1"),
+                some("7"),
+                some("failure_ratio"),
+            ],
+            1_000,
+        )
+        .expect("parses");
+        assert_eq!(
+            open,
+            Fleet {
+                generation: 7,
+                state: FleetState::Open,
+                rest: Duration::from_millis(250),
+                reopens: 1,
+                reason: TransitionReason::FailureRatio,
+            }
+        );
+        assert!(fleet_of_fields(&[some("open"), some("soon")], 1_000).is_none());
+    }
+}
