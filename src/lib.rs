@@ -68,7 +68,7 @@
 //! [`config::Policy`] holds every layer's settings, the providers and the
 //! routes; it loads from TOML or JSON, is validated at load (every problem
 //! reported), and [`Policy::build_route`](config::Policy::build_route)
-//! turns it into the stack. The gateway example serves it and reloads it
+//! turns it into the stack. The `tower-llm-gateway` crate serves it and reloads it
 //! without a restart.
 //!
 //! # Telemetry

@@ -488,7 +488,10 @@ async fn watching(name: &str) -> Watching {
         r#"[{ provider = "backup", model = "claude-x" }]"#,
     );
     write_file(&path, &full, 0);
-    tokio::spawn(app::reload_on_change(h.gateway.clone(), path.clone()));
+    tokio::spawn(tower_llm_gateway::reload_on_change(
+        h.gateway.clone(),
+        path.clone(),
+    ));
     Watching {
         h,
         path,

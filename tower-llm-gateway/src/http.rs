@@ -1,25 +1,20 @@
-//! The gateway's application: an OpenAI-compatible HTTP front over the
-//! tower-llm stack, built from a [`Policy`] and swapped atomically on
-//! reload. Used by `main.rs` and by the root `tests/gateway.rs`.
+//! The gateway's HTTP application: the OpenAI-compatible chat endpoint,
+//! server-sent events, and the metrics and health endpoints.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use arc_swap::ArcSwap;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tower::ServiceExt;
 use tower_http::catch_panic::CatchPanicLayer;
@@ -28,230 +23,23 @@ use tower_http::request_id::{
     MakeRequestId, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
 use tower_http::trace::TraceLayer;
-use tower_llm::breaker::{BreakerHandle, BreakerLayer};
-use tower_llm::config::{
-    ConfigError, Policy, ProviderConfig, ProviderServices, RouteService, ServerPolicy,
-};
-use tower_llm::providers::RequestBody;
 use tower_llm::providers::openai::server::{
     decode_request, encode_chunk, encode_error, encode_first_chunk, encode_response,
 };
-use tower_llm::{
-    AttemptRecord, ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics, Metrics,
-};
+use tower_llm::{AttemptRecord, ChatStream, Failure, FailureClass};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use super::server::Connection;
+use crate::Gateway;
+use crate::server::Connection;
 
 /// The largest request body accepted (1 MiB): larger ones get 413.
-pub(crate) const MAX_REQUEST_BODY: usize = 1024 * 1024;
-
-/// How a provider's API key is found (the environment, or a fixed key for
-/// the embedded mock providers).
-pub(crate) type KeySource = Arc<
-    dyn Fn(&ProviderConfig) -> Result<Option<tower_llm::providers::ApiKey>, ConfigError>
-        + Send
-        + Sync,
->;
-
-/// What the HTTP transport must be.
-pub(crate) type Transport = tower_llm::providers::https::HttpsClient;
-
-/// The routes of one policy: swapped whole on reload.
-pub(crate) struct Routes {
-    /// The policy they were built from.
-    pub(crate) policy: Policy,
-    unary: HashMap<String, RouteService<ChatResponse>>,
-    stream: HashMap<String, RouteService<ChatStream>>,
-}
-
-/// The result of the last background probe of a provider.
-#[derive(Debug, Clone, serde::Serialize)]
-pub(crate) struct Probe {
-    /// `true` for a 2xx answer.
-    pub(crate) ok: bool,
-    /// The HTTP status, if an answer came.
-    pub(crate) status: Option<u16>,
-    /// Round-trip time.
-    pub(crate) latency_ms: u64,
-    /// The error, if no answer came.
-    pub(crate) error: Option<String>,
-}
-
-/// The gateway's state.
-pub(crate) struct Gateway {
-    routes: ArcSwap<Routes>,
-    breaker: BreakerLayer,
-    metrics: Metrics,
-    genai: GenAiMetrics,
-    registry: prometheus::Registry,
-    _meters: SdkMeterProvider,
-    _gauge: opentelemetry::metrics::ObservableGauge<i64>,
-    transport: Transport,
-    keys: KeySource,
-    probes: Mutex<HashMap<String, Probe>>,
-    /// Each provider's bulkhead, kept across reloads while its limit is
-    /// unchanged, so calls in flight keep counting.
-    bulkheads: Bulkheads,
-    /// The server limits the gateway started with (`[server]`; a reload
-    /// keeps them).
-    server: ServerPolicy,
-    /// Chat calls in flight (`server.max_in_flight`).
-    in_flight: Arc<Semaphore>,
-    /// Bytes of request bodies held (`server.max_body_bytes_in_flight`).
-    body_bytes: Arc<Semaphore>,
-}
-
-/// Bulkheads by provider name, with their limit.
-type Bulkheads = Mutex<HashMap<String, (usize, Arc<tokio::sync::Semaphore>)>>;
+pub const MAX_REQUEST_BODY: usize = 1024 * 1024;
 
 impl Gateway {
-    /// A gateway serving `policy` over `transport`.
-    ///
-    /// # Errors
-    ///
-    /// A provider that cannot be built (a missing key).
-    pub(crate) fn new(
-        policy: Policy,
-        transport: Transport,
-        keys: KeySource,
-    ) -> Result<Arc<Self>, ConfigError> {
-        policy.validate()?;
-        let registry = prometheus::Registry::new();
-        let exporter = opentelemetry_prometheus::exporter()
-            .with_registry(registry.clone())
-            .build()
-            .map_err(|e| ConfigError::new(format!("metrics exporter: {e}")))?;
-        let meters = SdkMeterProvider::builder().with_reader(exporter).build();
-        let meter = meters.meter("tower-llm");
-        let breaker = BreakerLayer::new();
-        let gauge = breaker.handle().register_gauge(&meter);
-        let metrics = Metrics::new(&meter);
-        let genai = GenAiMetrics::new(&meter);
-        let bulkheads = Bulkheads::default();
-        let routes = build(
-            &policy, &breaker, &metrics, &genai, &transport, &keys, &bulkheads,
-        )?;
-        let server = routes.policy.server;
-        Ok(Arc::new(Gateway {
-            routes: ArcSwap::from_pointee(routes),
-            breaker,
-            metrics,
-            genai,
-            registry,
-            _meters: meters,
-            _gauge: gauge,
-            transport,
-            keys,
-            probes: Mutex::new(HashMap::new()),
-            bulkheads,
-            in_flight: Arc::new(Semaphore::new(server.max_in_flight)),
-            body_bytes: Arc::new(Semaphore::new(server.max_body_bytes_in_flight)),
-            server,
-        }))
-    }
-
-    /// Validates `policy` and swaps it in: calls in flight finish on the
-    /// policy they started with; circuits of keys that still exist keep
-    /// their state. On error the running policy stays.
-    ///
-    /// # Errors
-    ///
-    /// Why `policy` cannot be served.
-    pub(crate) fn reload(&self, policy: Policy) -> Result<(), ConfigError> {
-        policy.validate()?;
-        if policy.server != self.server {
-            tracing::warn!(
-                target: "gateway",
-                "the [server] section changed: its limits take effect at the next start"
-            );
-        }
-        let routes = build(
-            &policy,
-            &self.breaker,
-            &self.metrics,
-            &self.genai,
-            &self.transport,
-            &self.keys,
-            &self.bulkheads,
-        )?;
-        self.routes.store(Arc::new(routes));
-        Ok(())
-    }
-
-    /// The policy being served.
-    pub(crate) fn policy(&self) -> Policy {
-        self.routes.load().policy.clone()
-    }
-
-    /// The server limits the gateway started with.
-    pub(crate) fn server_limits(&self) -> ServerPolicy {
-        self.server
-    }
-
-    /// The breaker's handle (circuit snapshots, manual control).
-    pub(crate) fn breaker(&self) -> BreakerHandle {
-        self.breaker.handle()
-    }
-
-    /// Probes every provider with a `health_url` once; results at
-    /// `GET /health/providers`.
-    pub(crate) async fn probe_once(&self) {
-        let providers = self.routes.load().policy.providers.clone();
-        for provider in providers {
-            let Some(url) = provider.health_url.clone() else {
-                continue;
-            };
-            let started = tokio::time::Instant::now();
-            let req = http::Request::get(&url).body(RequestBody::new(Bytes::new()));
-            let probe = match req {
-                Err(e) => Probe {
-                    ok: false,
-                    status: None,
-                    latency_ms: 0,
-                    error: Some(e.to_string()),
-                },
-                Ok(req) => {
-                    let answer = tokio::time::timeout(
-                        Duration::from_secs(5),
-                        self.transport.clone().oneshot(req),
-                    )
-                    .await;
-                    let latency_ms =
-                        u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-                    match answer {
-                        Ok(Ok(res)) => Probe {
-                            ok: res.status().is_success(),
-                            status: Some(res.status().as_u16()),
-                            latency_ms,
-                            error: None,
-                        },
-                        Ok(Err(e)) => Probe {
-                            ok: false,
-                            status: None,
-                            latency_ms,
-                            error: Some(e.to_string()),
-                        },
-                        Err(_) => Probe {
-                            ok: false,
-                            status: None,
-                            latency_ms,
-                            error: Some("timed out after 5 s".into()),
-                        },
-                    }
-                }
-            };
-            self.probes
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(provider.name, probe);
-        }
-    }
-
     /// The HTTP application: the routes and the tower-http layers
     /// (request ids, tracing, a body limit, panic catching).
-    pub(crate) fn router(self: Arc<Self>) -> Router {
+    pub fn router(self: Arc<Self>) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(chat))
             .route("/metrics", get(metrics))
@@ -279,58 +67,6 @@ impl Gateway {
                     .layer(RequestBodyLimitLayer::new(MAX_REQUEST_BODY)),
             )
     }
-}
-
-/// Builds every route of `policy`; each provider once, shared by routes.
-fn build(
-    policy: &Policy,
-    breaker: &BreakerLayer,
-    metrics: &Metrics,
-    genai: &GenAiMetrics,
-    transport: &Transport,
-    keys: &KeySource,
-    bulkheads: &Bulkheads,
-) -> Result<Routes, ConfigError> {
-    let mut services: HashMap<String, ProviderServices> = HashMap::new();
-    for provider in &policy.providers {
-        let key = keys(provider)?;
-        let bulkhead = provider.max_concurrency.map(|limit| {
-            let mut kept = bulkheads.lock().unwrap_or_else(PoisonError::into_inner);
-            match kept.get(&provider.name) {
-                Some((l, permits)) if *l == limit => permits.clone(),
-                _ => {
-                    let permits = Arc::new(tokio::sync::Semaphore::new(limit));
-                    kept.insert(provider.name.clone(), (limit, permits.clone()));
-                    permits
-                }
-            }
-        });
-        let built = provider.services(
-            key,
-            transport.clone(),
-            policy.stream.timeouts(),
-            genai,
-            bulkhead,
-        )?;
-        services.insert(provider.name.clone(), built);
-    }
-    let mut unary = HashMap::new();
-    let mut stream = HashMap::new();
-    for route in &policy.routes {
-        let u = policy.build_route(route, breaker, metrics.clone(), |p| {
-            services[&p.name].chat.clone()
-        })?;
-        let s = policy.build_route(route, breaker, metrics.clone(), |p| {
-            services[&p.name].stream.clone()
-        })?;
-        unary.insert(route.model.clone(), u);
-        stream.insert(route.model.clone(), s);
-    }
-    Ok(Routes {
-        policy: policy.clone(),
-        unary,
-        stream,
-    })
 }
 
 /// Request ids from a counter.
@@ -960,67 +696,4 @@ async fn providers(State(gw): State<Arc<Gateway>>) -> Response {
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
     axum::Json(probes).into_response()
-}
-
-/// What the reload watcher compares: a file's modification time and size.
-type Seen = Option<(SystemTime, u64)>;
-
-fn seen(path: &std::path::Path) -> Seen {
-    std::fs::metadata(path)
-        .ok()
-        .and_then(|m| Some((m.modified().ok()?, m.len())))
-}
-
-/// Reloads the policy on SIGHUP and when the file changes (checked every
-/// second). A changed file is read once it has stayed unchanged for
-/// `server.reload_settle_ms` (so a writer that truncates and then rewrites
-/// is never caught half-way); a file that does not parse or validate (an
-/// empty one, one without routes) is logged and refused, and the running
-/// policy stays. Calls in flight are never dropped: each keeps the routes
-/// it started with.
-pub(crate) async fn reload_on_change(gateway: Arc<Gateway>, path: std::path::PathBuf) {
-    let settle = gateway.server.reload_settle();
-    let mut last = seen(&path);
-    #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        #[cfg(unix)]
-        let signalled = async {
-            match hup.as_mut() {
-                Some(h) => h.recv().await.is_some(),
-                None => std::future::pending().await,
-            }
-        };
-        #[cfg(not(unix))]
-        let signalled = std::future::pending::<bool>();
-        let forced = tokio::select! {
-            _ = tick.tick() => false,
-            s = signalled => s,
-        };
-        let mut now = seen(&path);
-        if !forced && now == last {
-            continue;
-        }
-        // Wait for the writer to finish: unchanged for a whole settle time.
-        loop {
-            tokio::time::sleep(settle).await;
-            let again = seen(&path);
-            if again == now {
-                break;
-            }
-            now = again;
-        }
-        last = now;
-        let result = std::fs::read_to_string(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|text| Policy::from_toml(&text).map_err(|e| e.to_string()))
-            .and_then(|policy| gateway.reload(policy).map_err(|e| e.to_string()));
-        match result {
-            Ok(()) => tracing::info!(target: "gateway", path = %path.display(), "policy reloaded"),
-            Err(e) => {
-                tracing::error!(target: "gateway", path = %path.display(), error = %e, "reload refused; the running policy stays")
-            }
-        }
-    }
 }

@@ -1,5 +1,5 @@
-//! The gateway harness shared by `gateway.rs` and `gateway_trace.rs`: the
-//! example's application started on loopback in front of two `MockServer`
+//! The gateway harness shared by the gateway's tests: the library's
+//! `Gateway` served on loopback in front of two `MockServer`
 //! providers, and a real HTTP client.
 
 #![allow(dead_code)]
@@ -15,14 +15,7 @@ use tower_llm::config::Policy;
 use tower_llm::providers::ApiKey;
 use tower_llm_providers::mock::{MockServer, Reply};
 
-#[allow(dead_code, unreachable_pub)]
-#[path = "../../examples/gateway/app.rs"]
-pub(crate) mod app;
-#[allow(dead_code, unreachable_pub)]
-#[path = "../../examples/gateway/server.rs"]
-pub(crate) mod server;
-
-use app::{Gateway, KeySource};
+use tower_llm_gateway::{Gateway, KeySource};
 
 pub(crate) fn policy(primary: &MockServer, backup: &MockServer, extra: &str) -> Policy {
     Policy::from_toml(&policy_text(primary, backup, extra, FULL_CHAIN)).expect("valid policy")
@@ -97,7 +90,7 @@ pub(crate) async fn start(primary: Reply, backup: Reply, extra: &str) -> Harness
     let limits = gateway.server_limits();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let served = tokio::spawn(async move {
-        server::serve(listener, router, limits, async {
+        tower_llm_gateway::serve(listener, router, limits, async {
             let _ = stopped.await;
             Duration::from_secs(2)
         })
