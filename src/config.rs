@@ -17,7 +17,7 @@
 //!     jitter = 0.2
 //!
 //!     [breaker]
-//!     failure_threshold = 5
+//!     consecutive_failures = 5
 //!     cooldown_ms = 30000
 //!
 //!     [[providers]]
@@ -45,9 +45,17 @@
 //! assert!(err.to_string().contains("unknown provider \"nobody\""));
 //! ```
 //!
+//! `[retry]` is the retry layer's own [`RetryConfig`] and `[breaker]` the
+//! breaker's own [`BreakerConfig`]: one name per setting in Rust, TOML and
+//! JSON, one validation (theirs). Routes add health-aware ordering and a
+//! degraded answer, links their own attempts and attempt timeout, the
+//! long-context and filtered-content roles and an [`AdmitRule`] on the
+//! request's [`InboundHeaders`]; providers their own connect and streaming
+//! timeouts.
+//!
 //! Every key is documented on the struct that holds it; a missing key takes
-//! its default, an unknown key is refused (a typo must not silently fall
-//! back to a default).
+//! its default, an unknown key is refused with its dotted path and line (a
+//! typo must not silently fall back to a default).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -57,7 +65,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use tower::ServiceBuilder;
 use tower::util::BoxCloneSyncService;
-use tower_llm_breaker::{BreakerConfig, BreakerCount, BreakerLayer};
+use tower_llm_breaker::{BreakerConfig, BreakerLayer};
 
 use tower_llm_core::{
     BoxError, ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics, Metrics,
@@ -70,7 +78,7 @@ use tower_llm_providers::{
     Anthropic, AnthropicConfig, ApiKey, AwsCredentials, Bedrock, BedrockConfig, OpenAi,
     OpenAiConfig, RequestBody,
 };
-use tower_llm_retry::{Backoff, Jitter, RetryLayer};
+use tower_llm_retry::{RetryConfig, RetryLayer};
 
 use crate::ServiceBuilderExt;
 
@@ -84,12 +92,17 @@ pub struct Policy {
     /// `[deadline]`: the call's total budget.
     #[serde(default)]
     pub deadline: DeadlinePolicy,
-    /// `[retry]`: attempts per link and the backoff between them.
+    /// `[retry]`: the retry layer's own settings ([`RetryConfig`]: the
+    /// same field names): attempts per link, their timeout, the backoff
+    /// and its jitter, the retry budget, `max_retry_after_ms`.
     #[serde(default)]
-    pub retry: RetryPolicy,
-    /// `[breaker]`: one circuit per provider and model.
+    pub retry: RetryConfig,
+    /// `[breaker]`: the breaker's own settings ([`BreakerConfig`]: the
+    /// same field names): consecutive, ratio-window and slow-call
+    /// triggers, cooldown and its growth, half-open probes, rate-limit
+    /// holds, what counts. One circuit per provider and model.
     #[serde(default)]
-    pub breaker: BreakerPolicy,
+    pub breaker: BreakerConfig,
     /// `[stream]`: the streaming timeouts.
     #[serde(default)]
     pub stream: StreamPolicy,
@@ -137,176 +150,6 @@ impl DeadlinePolicy {
     }
 }
 
-/// `[retry]`: `max_attempts` per link, each cut at `attempt_timeout_ms`,
-/// with an exponential backoff `min(base_ms · factor^n, max_ms)` and
-/// jitter between them.
-///
-/// The keys that are checked against others are `Option`s: unset, they
-/// take a default that fits what was written (an attempt is always cut at
-/// the call's remaining deadline anyway; an unset `max_ms` is never below
-/// a written `base_ms`, an unset `base_ms` never above a written
-/// `max_ms`).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RetryPolicy {
-    /// `max_attempts`: attempts per link, 1 to 16 (default 3).
-    pub max_attempts: u8,
-    /// `attempt_timeout_ms`: one attempt's limit (default 30,000, and
-    /// never past the call's deadline).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub attempt_timeout_ms: Option<u64>,
-    /// `base_ms`: the first backoff (default 200, or `max_ms` if that is
-    /// set lower).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub base_ms: Option<u64>,
-    /// `factor`: the backoff growth per retry, ≥ 1 (default 4).
-    pub factor: f64,
-    /// `max_ms`: the backoff cap (default 3,200, or `base_ms` if that is
-    /// set higher).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_ms: Option<u64>,
-    /// `jitter`: a fraction in `[0, 1]` (`0.2` is ±20 %), or `"equal"`,
-    /// `"full"`, `"none"` (default 0.2).
-    pub jitter: JitterSpec,
-    /// `min_attempt_ms`: a retry starts only if its wait plus this much
-    /// still fits before the deadline (default 1,000, or a quarter of
-    /// `deadline.total_ms` if that is less, so a short deadline still
-    /// leaves room for retries; see [`RetryLayer::with_min_attempt`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_attempt_ms: Option<u64>,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            max_attempts: 3,
-            attempt_timeout_ms: None,
-            base_ms: None,
-            factor: 4.0,
-            max_ms: None,
-            jitter: JitterSpec::Fraction(0.2),
-            min_attempt_ms: None,
-        }
-    }
-}
-
-/// The `jitter` key: a fraction or a named mode.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum JitterSpec {
-    /// ± this fraction of the delay.
-    Fraction(f64),
-    /// `"equal"` (`[e/2, e]`), `"full"` (`[0, e]`) or `"none"`.
-    Named(NamedJitter),
-}
-
-/// A named jitter mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NamedJitter {
-    /// Uniform in `[e/2, e]`.
-    Equal,
-    /// Uniform in `[0, e]`.
-    Full,
-    /// Exactly `e`.
-    None,
-}
-
-impl RetryPolicy {
-    /// The default `attempt_timeout_ms`.
-    pub const DEFAULT_ATTEMPT_TIMEOUT_MS: u64 = 30_000;
-    /// The default `base_ms`.
-    pub const DEFAULT_BASE_MS: u64 = 200;
-    /// The default `max_ms`.
-    pub const DEFAULT_MAX_MS: u64 = 3_200;
-
-    /// `attempt_timeout_ms`, or its default.
-    pub fn attempt_timeout_ms(&self) -> u64 {
-        self.attempt_timeout_ms
-            .unwrap_or(Self::DEFAULT_ATTEMPT_TIMEOUT_MS)
-    }
-
-    /// `base_ms`, or its default (never above a written `max_ms`).
-    pub fn base_ms(&self) -> u64 {
-        self.base_ms.unwrap_or_else(|| {
-            self.max_ms
-                .map_or(Self::DEFAULT_BASE_MS, |max| max.min(Self::DEFAULT_BASE_MS))
-        })
-    }
-
-    /// `max_ms`, or its default (never below a written `base_ms`).
-    pub fn max_ms(&self) -> u64 {
-        self.max_ms.unwrap_or_else(|| {
-            self.base_ms
-                .map_or(Self::DEFAULT_MAX_MS, |base| base.max(Self::DEFAULT_MAX_MS))
-        })
-    }
-
-    /// The backoff schedule.
-    ///
-    /// # Errors
-    ///
-    /// As [`Policy::validate`] reports them.
-    pub fn backoff(&self) -> Result<Backoff, String> {
-        let jitter = match self.jitter {
-            JitterSpec::Fraction(fraction) => Jitter::Proportional { fraction },
-            JitterSpec::Named(NamedJitter::Equal) => Jitter::Equal,
-            JitterSpec::Named(NamedJitter::Full) => Jitter::Full,
-            JitterSpec::Named(NamedJitter::None) => Jitter::None,
-        };
-        Backoff::exponential(
-            Duration::from_millis(self.base_ms()),
-            self.factor,
-            Duration::from_millis(self.max_ms()),
-            jitter,
-        )
-        .map_err(|e| format!("retry backoff: {e}"))
-    }
-}
-
-/// `[breaker]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct BreakerPolicy {
-    /// `failure_threshold`: tripping failures in a row that open a circuit
-    /// (default 5).
-    pub failure_threshold: u32,
-    /// `cooldown_ms`: how long an open circuit refuses calls before a probe
-    /// (default 30,000).
-    pub cooldown_ms: u64,
-    /// `half_open_probes`: successful probes that close it (default 1).
-    pub half_open_probes: u32,
-    /// `count`: `"attempts"` (default: every attempt counts, so with 3
-    /// attempts per call a threshold of 5 opens after 2 failed calls) or
-    /// `"calls"` (one outcome per logical call per link); see
-    /// [`BreakerCount`].
-    pub count: BreakerCount,
-}
-
-impl Default for BreakerPolicy {
-    fn default() -> Self {
-        BreakerPolicy {
-            failure_threshold: 5,
-            cooldown_ms: 30_000,
-            half_open_probes: 1,
-            count: BreakerCount::Attempts,
-        }
-    }
-}
-
-impl BreakerPolicy {
-    /// The breaker configuration.
-    pub fn config(&self) -> BreakerConfig {
-        BreakerConfig {
-            consecutive_failures: self.failure_threshold,
-            cooldown: Duration::from_millis(self.cooldown_ms),
-            half_open_probes: self.half_open_probes,
-            count: self.count,
-            ..BreakerConfig::default()
-        }
-    }
-}
-
 /// `[stream]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -337,13 +180,25 @@ impl StreamPolicy {
 }
 
 /// `[health]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct HealthPolicy {
     /// `probe_interval_ms`: how often each provider with a `health_url` is
-    /// probed; 0 (the default) turns probes off.
-    #[serde(default)]
+    /// probed (all at once); 0 (the default) turns probes off. A reload
+    /// changes it.
     pub probe_interval_ms: u64,
+    /// `probe_timeout_ms`: how long one probe may take before it counts as
+    /// down (default 5,000).
+    pub probe_timeout_ms: u64,
+}
+
+impl Default for HealthPolicy {
+    fn default() -> Self {
+        HealthPolicy {
+            probe_interval_ms: 0,
+            probe_timeout_ms: 5_000,
+        }
+    }
 }
 
 /// `[server]`: the limits of a gateway's HTTP server.
@@ -532,6 +387,19 @@ pub struct ProviderConfig {
     /// `[health]`); optional.
     #[serde(default)]
     pub health_url: Option<String>,
+    /// `connect_timeout_ms`: this provider's TCP + TLS connect timeout
+    /// (default: the gateway's shared transport, 5,000). A provider with
+    /// its own gets its own connection pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout_ms: Option<u64>,
+    /// `first_token_timeout_ms`: this provider's streaming first-token
+    /// timeout (default: `[stream]`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_token_timeout_ms: Option<u64>,
+    /// `idle_timeout_ms`: this provider's streaming idle timeout (default:
+    /// `[stream]`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
     /// `max_completion_tokens`: send the token limit as
     /// `max_completion_tokens`, as OpenAI's o-series and gpt-5 models
     /// require (OpenAI only; default false).
@@ -539,7 +407,9 @@ pub struct ProviderConfig {
     pub max_completion_tokens: bool,
 }
 
-/// One link of a chain: `{ provider = "a", model = "gpt-4o-mini" }`.
+/// One link of a chain: `{ provider = "a", model = "gpt-4o-mini" }`,
+/// optionally with its own attempts and attempt timeout, the fallback
+/// layer's opt-in roles, and an admission rule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LinkConfig {
@@ -547,7 +417,76 @@ pub struct LinkConfig {
     pub provider: String,
     /// `model`: the model id sent to that provider.
     pub model: String,
+    /// `max_attempts`: this link's attempts, 1 to 16 (default: the
+    /// route's retry policy's). The retry budget stays the route's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u8>,
+    /// `attempt_timeout_ms`: this link's attempt timeout (default: the
+    /// route's retry policy's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
+    /// `long_context`: a context-window failure of an earlier link fails
+    /// over to this one (`LinkSpec::serves_long_context`; default false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub long_context: bool,
+    /// `filtered_content`: a content-filter refusal of an earlier link
+    /// fails over to this one (`LinkSpec::allows_filtered_content`;
+    /// default false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub filtered_content: bool,
+    /// `admit`: only requests that pass this rule may use the link (data
+    /// residency, tenant rules); others skip it without calling it
+    /// (`skipped_by_policy` in the attempt log). Default: every request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admit: Option<AdmitRule>,
 }
+
+impl LinkConfig {
+    /// A link to `model` at `provider`, with no overrides.
+    pub fn new(provider: impl Into<String>, model: impl Into<String>) -> Self {
+        LinkConfig {
+            provider: provider.into(),
+            model: model.into(),
+            max_attempts: None,
+            attempt_timeout_ms: None,
+            long_context: false,
+            filtered_content: false,
+            admit: None,
+        }
+    }
+}
+
+/// An admission rule on request metadata: `admit = { header =
+/// "x-tenant-region", any_of = ["eu-west-1", "eu-central-1"] }` lets a
+/// request use the link only when its inbound header `header` is one of
+/// `any_of` (exactly; header names are case-insensitive). A request without
+/// the header, or without [`InboundHeaders`], is not admitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmitRule {
+    /// `header`: the request header to read.
+    pub header: String,
+    /// `any_of`: the values that admit the request (at least one).
+    pub any_of: Vec<String>,
+}
+
+impl AdmitRule {
+    /// `true` when `req`'s [`InboundHeaders`] carry `header` with one of
+    /// `any_of`.
+    pub fn admits(&self, req: &ChatRequest) -> bool {
+        req.extensions
+            .get::<InboundHeaders>()
+            .and_then(|h| h.0.get(self.header.as_str()))
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| self.any_of.iter().any(|a| a == v))
+    }
+}
+
+/// The inbound HTTP headers of a request, in a [`ChatRequest`]'s
+/// extensions, for [`AdmitRule`]s. A server puts them there (the gateway
+/// does for every call); retry and fallback copies keep them.
+#[derive(Debug, Clone, Default)]
+pub struct InboundHeaders(pub http::HeaderMap);
 
 /// One `[[routes]]` entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -557,6 +496,58 @@ pub struct RouteConfig {
     pub model: String,
     /// `chain`: the links, primary first.
     pub chain: Vec<LinkConfig>,
+    /// `health_ordering_ms`: when failing over, try the alternates
+    /// healthiest first by their success rate and latency over this window
+    /// (`FallbackBuilder::with_health_ordering`; default off: the written
+    /// order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_ordering_ms: Option<u64>,
+    /// `degraded`: when every link failed (not on a deadline or a terminal
+    /// failure), answer with this text instead, flagged as degraded
+    /// (`FallbackBuilder::with_degraded`; default none: the failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<String>,
+}
+
+/// What a route's stack answers: a unary [`ChatResponse`] or a
+/// [`ChatStream`]. [`degraded`](Self::degraded) builds a route's degraded
+/// answer.
+pub trait RouteAnswer: RecordsAttempts + Send + 'static {
+    /// An answer of `text` in the name of `route` (the provider reads
+    /// `degraded`).
+    fn degraded(route: &str, text: &str) -> Self;
+}
+
+impl RouteAnswer for ChatResponse {
+    fn degraded(route: &str, text: &str) -> Self {
+        ChatResponse {
+            id: String::from("degraded"),
+            model: route.to_owned(),
+            provider: Arc::from("degraded"),
+            fallback_position: 0,
+            degraded: true,
+            choices: vec![tower_llm_core::Choice {
+                index: 0,
+                text: text.to_owned(),
+                tool_calls: Vec::new(),
+                finish_reason: tower_llm_core::FinishReason::Stop,
+            }],
+            usage: tower_llm_core::Usage::default(),
+            latency: Duration::ZERO,
+            attempts: Vec::new(),
+        }
+    }
+}
+
+impl RouteAnswer for ChatStream {
+    fn degraded(route: &str, text: &str) -> Self {
+        let chunk = tower_llm_core::ChatChunk {
+            text: Some(text.to_owned()),
+            finish_reason: Some(tower_llm_core::FinishReason::Stop),
+            ..tower_llm_core::ChatChunk::default()
+        };
+        ChatStream::from_chunks("degraded", route, vec![Ok(chunk)])
+    }
 }
 
 /// Why a policy was refused: every problem found, one per line.
@@ -593,10 +584,15 @@ impl Policy {
     ///
     /// # Errors
     ///
-    /// A syntax error or an unknown key (with its line), or every problem
-    /// [`validate`](Self::validate) finds.
+    /// A syntax error (with its line), an unknown key or a value of the
+    /// wrong type (with its dotted path, `routes[0].chain[1].admit`, and
+    /// its line), or every problem [`validate`](Self::validate) finds.
     pub fn from_toml(text: &str) -> Result<Policy, ConfigError> {
-        let policy: Policy = toml::from_str(text).map_err(|e| ConfigError::new(e.to_string()))?;
+        let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::new(e.to_string()))?;
+        let policy: Policy = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            ConfigError::new(format!("at {path}: {}", e.into_inner()))
+        })?;
         policy.validate()?;
         Ok(policy)
     }
@@ -607,8 +603,12 @@ impl Policy {
     ///
     /// As [`from_toml`](Self::from_toml).
     pub fn from_json(text: &str) -> Result<Policy, ConfigError> {
-        let policy: Policy =
-            serde_json::from_str(text).map_err(|e| ConfigError::new(e.to_string()))?;
+        let mut de = serde_json::Deserializer::from_str(text);
+        let policy: Policy = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            ConfigError::new(format!("at {path}: {}", e.into_inner()))
+        })?;
+        de.end().map_err(|e| ConfigError::new(e.to_string()))?;
         policy.validate()?;
         Ok(policy)
     }
@@ -627,23 +627,17 @@ impl Policy {
             p.push("deadline.total_ms must be above 0".to_owned());
         }
         let r = &self.retry;
-        if r.max_attempts == 0
-            || usize::from(r.max_attempts) > tower_llm_core::MAX_ATTEMPTS_PER_CALL
-        {
-            p.push(format!(
-                "retry.max_attempts must be 1 to {}, not {}",
-                tower_llm_core::MAX_ATTEMPTS_PER_CALL,
-                r.max_attempts
-            ));
+        if let Err(e) = r.validate() {
+            p.extend(e.problems().iter().map(|e| format!("retry.{e}")));
         }
         // Only values written in the file are checked against each other:
-        // an unset key's default always fits (see the structs' docs).
-        match (r.attempt_timeout_ms, self.deadline.total_ms) {
-            (Some(0), _) => p.push("retry.attempt_timeout_ms must be above 0".to_owned()),
-            (Some(attempt), Some(total)) if total > 0 && attempt > total => p.push(format!(
-                "retry.attempt_timeout_ms ({attempt}) is longer than deadline.total_ms ({total})"
-            )),
-            _ => {}
+        // an unset key's default always fits (see `RetryConfig`).
+        if let (Some(attempt), Some(total)) = (r.attempt_timeout_ms, self.deadline.total_ms) {
+            if attempt > 0 && total > 0 && attempt > total {
+                p.push(format!(
+                    "retry.attempt_timeout_ms ({attempt}) is longer than deadline.total_ms ({total})"
+                ));
+            }
         }
         if let (Some(min), Some(total)) = (r.min_attempt_ms, self.deadline.total_ms) {
             if min >= total {
@@ -652,23 +646,11 @@ impl Policy {
                 ));
             }
         }
-        if r.base_ms() > r.max_ms() {
-            p.push(format!(
-                "retry.base_ms ({}) is above retry.max_ms ({})",
-                r.base_ms(),
-                r.max_ms()
-            ));
-        } else if let Err(e) = r.backoff() {
-            p.push(e);
+        if let Err(e) = self.breaker.validate() {
+            p.push(format!("breaker.{e}"));
         }
-        if self.breaker.failure_threshold == 0 {
-            p.push("breaker.failure_threshold must be above 0".to_owned());
-        }
-        if self.breaker.cooldown_ms == 0 {
-            p.push("breaker.cooldown_ms must be above 0".to_owned());
-        }
-        if self.breaker.half_open_probes == 0 {
-            p.push("breaker.half_open_probes must be above 0".to_owned());
+        if self.health.probe_timeout_ms == 0 {
+            p.push("health.probe_timeout_ms must be above 0".to_owned());
         }
         if self.stream.first_token_timeout_ms == 0 || self.stream.idle_timeout_ms == 0 {
             p.push("stream timeouts must be above 0".to_owned());
@@ -680,6 +662,18 @@ impl Policy {
             }
             if !names.insert(provider.name.as_str()) {
                 p.push(format!("duplicate provider \"{}\"", provider.name));
+            }
+            for (key, value) in [
+                ("connect_timeout_ms", provider.connect_timeout_ms),
+                ("first_token_timeout_ms", provider.first_token_timeout_ms),
+                ("idle_timeout_ms", provider.idle_timeout_ms),
+            ] {
+                if value == Some(0) {
+                    p.push(format!(
+                        "provider \"{}\": {key} must be above 0",
+                        provider.name
+                    ));
+                }
             }
             if provider.max_concurrency == Some(0) {
                 p.push(format!(
@@ -723,8 +717,46 @@ impl Policy {
             if route.chain.is_empty() {
                 p.push(format!("route \"{}\" has an empty chain", route.model));
             }
+            if route.health_ordering_ms == Some(0) {
+                p.push(format!(
+                    "route \"{}\": health_ordering_ms must be above 0",
+                    route.model
+                ));
+            }
             let mut links = HashSet::new();
             for link in &route.chain {
+                let at = format!(
+                    "route \"{}\": link {}/{}",
+                    route.model, link.provider, link.model
+                );
+                if let Some(n) = link.max_attempts {
+                    if n == 0 || usize::from(n) > tower_llm_core::MAX_ATTEMPTS_PER_CALL {
+                        p.push(format!(
+                            "{at}: max_attempts must be 1 to {}, not {n}",
+                            tower_llm_core::MAX_ATTEMPTS_PER_CALL
+                        ));
+                    }
+                }
+                match (link.attempt_timeout_ms, self.deadline.total_ms) {
+                    (Some(0), _) => p.push(format!("{at}: attempt_timeout_ms must be above 0")),
+                    (Some(attempt), Some(total)) if attempt > total => p.push(format!(
+                        "{at}: attempt_timeout_ms ({attempt}) is longer than deadline.total_ms ({total})"
+                    )),
+                    _ => {}
+                }
+                if let Some(rule) = &link.admit {
+                    if http::HeaderName::from_bytes(rule.header.as_bytes()).is_err() {
+                        p.push(format!(
+                            "{at}: admit.header {:?} is not a header name",
+                            rule.header
+                        ));
+                    }
+                    if rule.any_of.is_empty() {
+                        p.push(format!(
+                            "{at}: admit.any_of is empty (no request could use the link)"
+                        ));
+                    }
+                }
                 if !names.contains(link.provider.as_str()) {
                     p.push(format!(
                         "route \"{}\": unknown provider \"{}\"",
@@ -775,12 +807,13 @@ impl Policy {
     ///
     /// An invalid backoff (never for a validated policy).
     pub fn retry_layer(&self) -> Result<RetryLayer, ConfigError> {
-        let backoff = self.retry.backoff().map_err(ConfigError::new)?;
-        Ok(RetryLayer::new()
-            .with_max_attempts(self.retry.max_attempts)
-            .with_attempt_timeout(Duration::from_millis(self.retry.attempt_timeout_ms()))
-            .with_min_attempt(Duration::from_millis(self.min_attempt_ms()))
-            .with_backoff(backoff))
+        let retry = RetryConfig {
+            min_attempt_ms: Some(self.min_attempt_ms()),
+            ..self.retry
+        };
+        RetryLayer::new()
+            .with_config(&retry)
+            .map_err(|e| ConfigError::new(format!("retry: {e}")))
     }
 
     /// `breaker` with this policy's breaker settings (keep passing the same
@@ -791,7 +824,7 @@ impl Policy {
     /// Settings the breaker refuses.
     pub fn breaker_layer(&self, breaker: BreakerLayer) -> Result<BreakerLayer, ConfigError> {
         breaker
-            .with_config(self.breaker.config())
+            .with_config(self.breaker)
             .map_err(|e| ConfigError::new(e.to_string()))
     }
 
@@ -815,7 +848,7 @@ impl Policy {
         mut provider: impl FnMut(&ProviderConfig) -> RouteService<Res>,
     ) -> Result<RouteService<Res>, ConfigError>
     where
-        Res: RecordsAttempts + Send + 'static,
+        Res: RouteAnswer,
     {
         let retry = self.retry_layer()?;
         let breaker = self.breaker_layer(breaker.clone())?;
@@ -824,11 +857,29 @@ impl Policy {
             let config = self.provider(&link.provider).ok_or_else(|| {
                 ConfigError::new(format!("unknown provider \"{}\"", link.provider))
             })?;
+            // Overrides keep the route's retry budget (a clone shares it).
+            let mut link_retry = retry.clone();
+            if let Some(n) = link.max_attempts {
+                link_retry = link_retry.with_max_attempts(n);
+            }
+            if let Some(ms) = link.attempt_timeout_ms {
+                link_retry = link_retry.with_attempt_timeout(Duration::from_millis(ms));
+            }
             let svc = ServiceBuilder::new()
-                .llm_retry(retry.clone())
+                .llm_retry(link_retry)
                 .llm_breaker(breaker.clone())
                 .service(provider(config));
-            let spec = LinkSpec::new(link.provider.as_str(), link.model.as_str()).rewrite_model();
+            let mut spec =
+                LinkSpec::new(link.provider.as_str(), link.model.as_str()).rewrite_model();
+            if link.long_context {
+                spec = spec.serves_long_context();
+            }
+            if link.filtered_content {
+                spec = spec.allows_filtered_content();
+            }
+            if let Some(rule) = link.admit.clone() {
+                spec = spec.with_admission(move |req: &ChatRequest| rule.admits(req));
+            }
             links.push((spec, BoxCloneSyncService::new(svc)));
         }
         let mut links = links.into_iter();
@@ -841,6 +892,13 @@ impl Policy {
         let mut chain = FallbackLayer::builder(primary_spec);
         for (spec, svc) in links {
             chain = chain.or(spec, svc);
+        }
+        if let Some(ms) = route.health_ordering_ms {
+            chain = chain.with_health_ordering(Duration::from_millis(ms));
+        }
+        if let Some(text) = route.degraded.clone() {
+            let alias = route.model.clone();
+            chain = chain.with_degraded(move |_| Res::degraded(&alias, &text));
         }
         let fallback = chain
             .build()
@@ -891,6 +949,11 @@ impl ProviderConfig {
         }
     }
 
+    /// `connect_timeout_ms`, if set.
+    pub fn connect_timeout(&self) -> Option<Duration> {
+        self.connect_timeout_ms.map(Duration::from_millis)
+    }
+
     /// A fresh bulkhead for this provider's `max_concurrency`, if it has one.
     /// Keep it across reloads (pass it to [`services`](Self::services)
     /// again) so calls in flight keep counting against the same limit.
@@ -927,6 +990,14 @@ impl ProviderConfig {
         B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
+        let timeouts = StreamTimeouts {
+            first_token: self
+                .first_token_timeout_ms
+                .map_or(timeouts.first_token, Duration::from_millis),
+            idle: self
+                .idle_timeout_ms
+                .map_or(timeouts.idle, Duration::from_millis),
+        };
         let missing_key = || ConfigError::new(format!("provider \"{}\": no API key", self.name));
         let (chat, streaming): (RouteService<ChatResponse>, RouteService<ChatStream>) =
             match self.kind {
@@ -1010,6 +1081,8 @@ fn shed_when_full<Res: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tower_llm_breaker::BreakerCount;
+    use tower_llm_retry::{Jitter, JitterSpec};
 
     const GOOD: &str = r#"
         [[providers]]
@@ -1041,7 +1114,7 @@ mod tests {
         let json = serde_json::to_string(&p).expect("json");
         assert_eq!(Policy::from_json(&json).expect("valid"), p);
         assert!(p.retry_layer().is_ok());
-        assert_eq!(p.breaker.config().consecutive_failures, 5);
+        assert_eq!(p.breaker.consecutive_failures, 5);
     }
 
     #[test]
@@ -1052,7 +1125,7 @@ mod tests {
         .expect("valid");
         assert_eq!(p.retry.min_attempt_ms, Some(500));
         assert_eq!(p.min_attempt_ms(), 500);
-        assert_eq!(p.breaker.config().count, BreakerCount::Calls);
+        assert_eq!(p.breaker.count, BreakerCount::Calls);
         let defaults = Policy::from_toml(GOOD).expect("valid");
         assert_eq!(defaults.min_attempt_ms(), 1_000);
         // A short deadline scales the default down.
@@ -1067,7 +1140,7 @@ mod tests {
                 "retry.min_attempt_ms (1000) leaves no room for a retry within deadline.total_ms (1000)"
             ]
         );
-        assert_eq!(defaults.breaker.config().count, BreakerCount::Attempts);
+        assert_eq!(defaults.breaker.count, BreakerCount::Attempts);
         assert!(!problems(&format!("[breaker]\ncount = \"tries\"\n{GOOD}")).is_empty());
     }
 
@@ -1098,7 +1171,7 @@ mod tests {
         );
         assert_eq!(
             problems(&inverted),
-            ["retry.base_ms (500) is above retry.max_ms (100)"]
+            ["retry.base_ms (500) is above max_ms (100)"]
         );
         let long_attempt = format!(
             "[deadline]\ntotal_ms = 1000\n[retry]\nmax_attempts = 3\nattempt_timeout_ms = 5000\nbase_ms = 1\nfactor = 2\nmax_ms = 10\njitter = 0.1\n{GOOD}"
@@ -1120,14 +1193,11 @@ mod tests {
             ["provider \"a\": api_key_env is required for Openai"]
         );
         let breaker = format!(
-            "[breaker]\nfailure_threshold = 0\ncooldown_ms = 0\nhalf_open_probes = 1\n{GOOD}"
+            "[breaker]\nconsecutive_failures = 0\ncooldown_ms = 0\nhalf_open_probes = 1\n{GOOD}"
         );
         assert_eq!(
             problems(&breaker),
-            [
-                "breaker.failure_threshold must be above 0",
-                "breaker.cooldown_ms must be above 0"
-            ]
+            ["breaker.cooldown_ms must be above zero"]
         );
         let bulkhead = GOOD.replace(
             "api_key_env = \"A\"",

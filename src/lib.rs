@@ -110,9 +110,10 @@ pub mod deadline {
 /// The retry layer ([`tower_llm_retry`]).
 pub mod retry {
     pub use tower_llm_retry::{
-        Attempt, AttemptFuture, AttemptLayer, Backoff, Budget, FixedFraction, InvalidBackoff,
-        InvalidBudget, Jitter, RandomSource, ResponseFuture, Retry, RetryBudget, RetryLayer,
-        RetryPolicy, SplitMix64,
+        Attempt, AttemptFuture, AttemptLayer, Backoff, Budget, BudgetConfig, FixedFraction,
+        InvalidBackoff, InvalidBudget, InvalidRetryConfig, Jitter, JitterSpec, NamedJitter,
+        RandomSource, ResponseFuture, Retry, RetryBudget, RetryConfig, RetryLayer, RetryPolicy,
+        SplitMix64,
     };
 }
 

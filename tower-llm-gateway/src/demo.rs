@@ -59,7 +59,7 @@ pub async fn embedded() -> std::io::Result<(Policy, Vec<MockServer>)> {
         jitter = 0.2
 
         [breaker]
-        failure_threshold = 5
+        consecutive_failures = 5
         cooldown_ms = 10000
 
         [[providers]]

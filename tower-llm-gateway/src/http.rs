@@ -2,8 +2,8 @@
 //! server-sent events, and the metrics and health endpoints.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -47,7 +47,10 @@ impl Gateway {
                 "/health",
                 get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
             )
-            .route("/health/circuits", get(circuits))
+            .route(
+                "/health/circuits",
+                get(circuits).post(crate::admin::control),
+            )
             .route("/health/providers", get(providers))
             .with_state(self)
             .layer(
@@ -318,6 +321,12 @@ async fn chat(
             );
         }
     };
+    let mut req = req;
+    let parent = inbound_context(&parts.headers);
+    // For the links' admission rules (`admit` in the policy file); moved,
+    // not copied.
+    req.extensions
+        .insert(tower_llm::config::InboundHeaders(parts.headers));
     let include_usage = req.stream && wants_usage(&body);
     drop(body);
     // In-flight calls keep the routes they started with.
@@ -325,7 +334,7 @@ async fn chat(
     // The call's deadline, as the deadline layer counts it (from now).
     let deadline = Instant::now() + routes.policy.deadline.total();
     let span = tracing::info_span!("gateway.chat", route = %req.model, stream = req.stream);
-    if let Some(cx) = inbound_context(&parts.headers) {
+    if let Some(cx) = parent {
         let _ = span.set_parent(cx);
     }
     if req.stream {
@@ -364,11 +373,13 @@ async fn chat(
                     header::CONTENT_TYPE,
                     HeaderValue::from_static("application/json"),
                 );
-                insert_attempts(
-                    out.headers_mut(),
-                    &res.attempts,
-                    Some(res.fallback_position),
-                );
+                // A degraded answer was served by no link.
+                let position = (!res.degraded).then_some(res.fallback_position);
+                insert_attempts(out.headers_mut(), &res.attempts, position);
+                if res.degraded {
+                    out.headers_mut()
+                        .insert("x-llm-degraded", HeaderValue::from_static("true"));
+                }
                 out
             }
             Err(f) => failure_response(&f),
@@ -478,7 +489,12 @@ fn sse(
         HeaderValue::from_static("text/event-stream"),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    insert_attempts(headers, stream.attempts(), Some(position));
+    if stream.is_degraded() {
+        insert_attempts(headers, stream.attempts(), None);
+        headers.insert("x-llm-degraded", HeaderValue::from_static("true"));
+    } else {
+        insert_attempts(headers, stream.attempts(), Some(position));
+    }
     let model = stream.model().to_owned();
     let frames = Frames {
         stream,
@@ -690,10 +706,5 @@ async fn circuits(State(gw): State<Arc<Gateway>>) -> Response {
 
 /// `GET /health/providers`: the last background probe of each provider.
 async fn providers(State(gw): State<Arc<Gateway>>) -> Response {
-    let probes = gw
-        .probes
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
-    axum::Json(probes).into_response()
+    axum::Json(gw.probes()).into_response()
 }

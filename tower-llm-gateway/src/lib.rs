@@ -37,13 +37,15 @@
 //! ([`Gateway::probe_once`]) and graceful shutdown; without `--config` it
 //! serves [`demo::embedded`].
 
+mod admin;
 pub mod demo;
 mod health;
 mod http;
+mod routes;
 mod server;
 mod state;
 
-pub use health::Probe;
+pub use health::{Probe, probe_loop};
 pub use http::MAX_REQUEST_BODY;
 pub use server::serve;
 pub use state::{Gateway, KeySource, Transport, reload_on_change};

@@ -116,7 +116,6 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .clone()
         .or_else(|| policy.listen.clone())
         .unwrap_or_else(|| "127.0.0.1:8080".to_owned());
-    let probe_every = policy.health.probe_interval_ms;
     let limits = policy.server;
     let transport =
         tower_llm::providers::https::client_with_connect_timeout(Duration::from_secs(5));
@@ -125,16 +124,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = args.config.clone() {
         tokio::spawn(tower_llm_gateway::reload_on_change(gateway.clone(), path));
     }
-    if probe_every > 0 {
-        let gw = gateway.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_millis(probe_every));
-            loop {
-                every.tick().await;
-                gw.probe_once().await;
-            }
-        });
-    }
+    gateway.set_admin_token(std::env::var("TOWER_LLM_GATEWAY_ADMIN_TOKEN").ok());
+    // Probes follow `[health] probe_interval_ms` of the running policy.
+    tokio::spawn(tower_llm_gateway::probe_loop(gateway.clone()));
 
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     let addr = listener.local_addr()?;

@@ -12,12 +12,11 @@ use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use tokio::sync::Semaphore;
 use tower_llm::breaker::{BreakerHandle, BreakerLayer};
-use tower_llm::config::{
-    ConfigError, Policy, ProviderConfig, ProviderServices, RouteService, ServerPolicy,
-};
+use tower_llm::config::{ConfigError, Policy, ProviderConfig, RouteService, ServerPolicy};
 use tower_llm::{ChatResponse, ChatStream, GenAiMetrics, Metrics};
 
 use crate::health::Probe;
+use crate::routes::{Bulkheads, build};
 
 /// How a provider's API key is found (the environment, or a fixed key for
 /// the embedded mock providers).
@@ -52,10 +51,12 @@ pub struct Gateway {
     pub(crate) genai: GenAiMetrics,
     pub(crate) registry: prometheus::Registry,
     _meters: SdkMeterProvider,
-    _gauge: opentelemetry::metrics::ObservableGauge<i64>,
+    _gauges: [opentelemetry::metrics::ObservableGauge<i64>; 2],
     pub(crate) transport: Transport,
     pub(crate) keys: KeySource,
-    pub(crate) probes: Mutex<HashMap<String, Probe>>,
+    pub(crate) probes: Arc<Mutex<HashMap<String, Probe>>>,
+    /// The bearer token of the operator endpoints (none: read-only).
+    pub(crate) admin_token: arc_swap::ArcSwapOption<crate::admin::AdminToken>,
     /// Each provider's bulkhead, kept across reloads while its limit is
     /// unchanged, so calls in flight keep counting.
     pub(crate) bulkheads: Bulkheads,
@@ -81,9 +82,6 @@ impl std::fmt::Debug for Gateway {
     }
 }
 
-/// Bulkheads by provider name, with their limit.
-pub(crate) type Bulkheads = Mutex<HashMap<String, (usize, Arc<tokio::sync::Semaphore>)>>;
-
 impl Gateway {
     /// A gateway serving `policy` over `transport`.
     ///
@@ -104,7 +102,9 @@ impl Gateway {
         let meters = SdkMeterProvider::builder().with_reader(exporter).build();
         let meter = meters.meter("tower-llm");
         let breaker = BreakerLayer::new();
-        let gauge = breaker.handle().register_gauge(&meter);
+        let circuits = breaker.handle().register_gauge(&meter);
+        let probes: Arc<Mutex<HashMap<String, Probe>>> = Arc::default();
+        let up = provider_up_gauge(&meter, probes.clone());
         let metrics = Metrics::new(&meter);
         let genai = GenAiMetrics::new(&meter);
         let bulkheads = Bulkheads::default();
@@ -119,10 +119,11 @@ impl Gateway {
             genai,
             registry,
             _meters: meters,
-            _gauge: gauge,
+            _gauges: [circuits, up],
             transport,
             keys,
-            probes: Mutex::new(HashMap::new()),
+            probes,
+            admin_token: arc_swap::ArcSwapOption::empty(),
             bulkheads,
             in_flight: Arc::new(Semaphore::new(server.max_in_flight)),
             body_bytes: Arc::new(Semaphore::new(server.max_body_bytes_in_flight)),
@@ -174,56 +175,25 @@ impl Gateway {
     }
 }
 
-/// Builds every route of `policy`; each provider once, shared by routes.
-fn build(
-    policy: &Policy,
-    breaker: &BreakerLayer,
-    metrics: &Metrics,
-    genai: &GenAiMetrics,
-    transport: &Transport,
-    keys: &KeySource,
-    bulkheads: &Bulkheads,
-) -> Result<Routes, ConfigError> {
-    let mut services: HashMap<String, ProviderServices> = HashMap::new();
-    for provider in &policy.providers {
-        let key = keys(provider)?;
-        let bulkhead = provider.max_concurrency.map(|limit| {
-            let mut kept = bulkheads.lock().unwrap_or_else(PoisonError::into_inner);
-            match kept.get(&provider.name) {
-                Some((l, permits)) if *l == limit => permits.clone(),
-                _ => {
-                    let permits = Arc::new(tokio::sync::Semaphore::new(limit));
-                    kept.insert(provider.name.clone(), (limit, permits.clone()));
-                    permits
-                }
+/// `provider_up`: 1 when the provider's last probe answered 2xx, 0
+/// otherwise (only providers with a `health_url`, once probed).
+fn provider_up_gauge(
+    meter: &opentelemetry::metrics::Meter,
+    probes: Arc<Mutex<HashMap<String, Probe>>>,
+) -> opentelemetry::metrics::ObservableGauge<i64> {
+    meter
+        .i64_observable_gauge("provider_up")
+        .with_description("1 when the provider's last health probe answered 2xx, else 0")
+        .with_callback(move |observer| {
+            let probes = probes.lock().unwrap_or_else(PoisonError::into_inner);
+            for (name, probe) in probes.iter() {
+                observer.observe(
+                    i64::from(probe.ok),
+                    &[opentelemetry::KeyValue::new("provider", name.clone())],
+                );
             }
-        });
-        let built = provider.services(
-            key,
-            transport.clone(),
-            policy.stream.timeouts(),
-            genai,
-            bulkhead,
-        )?;
-        services.insert(provider.name.clone(), built);
-    }
-    let mut unary = HashMap::new();
-    let mut stream = HashMap::new();
-    for route in &policy.routes {
-        let u = policy.build_route(route, breaker, metrics.clone(), |p| {
-            services[&p.name].chat.clone()
-        })?;
-        let s = policy.build_route(route, breaker, metrics.clone(), |p| {
-            services[&p.name].stream.clone()
-        })?;
-        unary.insert(route.model.clone(), u);
-        stream.insert(route.model.clone(), s);
-    }
-    Ok(Routes {
-        policy: policy.clone(),
-        unary,
-        stream,
-    })
+        })
+        .build()
 }
 
 /// What the reload watcher compares: a file's modification time and size.

@@ -41,7 +41,7 @@ pub(crate) fn policy_text(
         max_ms = 400
         jitter = "none"
         [breaker]
-        failure_threshold = 5
+        consecutive_failures = 5
         cooldown_ms = 30000
         {extra}
         [[providers]]
@@ -76,12 +76,28 @@ pub(crate) struct Harness {
 }
 
 pub(crate) async fn start(primary: Reply, backup: Reply, extra: &str) -> Harness {
+    start_with(primary, backup, extra, FULL_CHAIN).await
+}
+
+/// As [`start`], with the route's `chain` written out (TOML).
+pub(crate) async fn start_with(primary: Reply, backup: Reply, extra: &str, chain: &str) -> Harness {
+    start_text(primary, backup, |p, b| policy_text(p, b, extra, chain)).await
+}
+
+/// As [`start`], with the whole policy file written by `text` from the two
+/// mock providers.
+pub(crate) async fn start_text(
+    primary: Reply,
+    backup: Reply,
+    text: impl FnOnce(&MockServer, &MockServer) -> String,
+) -> Harness {
     let primary = MockServer::start(primary).await.expect("primary");
     let backup = MockServer::start(backup).await.expect("backup");
     let keys: KeySource = Arc::new(|_| Ok(Some(ApiKey::new("sk-test-key"))));
     let transport =
         tower_llm::providers::https::client_with_connect_timeout(Duration::from_secs(5));
-    let gateway = Gateway::new(policy(&primary, &backup, extra), transport, keys).expect("gateway");
+    let policy = Policy::from_toml(&text(&primary, &backup)).expect("valid policy");
+    let gateway = Gateway::new(policy, transport, keys).expect("gateway");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
