@@ -24,9 +24,10 @@ use tower_http::request_id::{
 };
 use tower_http::trace::TraceLayer;
 use tower_llm::providers::openai::server::{
-    decode_request, encode_chunk, encode_error, encode_first_chunk, encode_response,
+    SseFrames, decode_request, encode_error, encode_response,
+    failure_response as openai_failure_response, sse_error_event, wants_usage,
 };
-use tower_llm::{AttemptRecord, ChatStream, Failure, FailureClass};
+use tower_llm::{AttemptRecord, ChatStream, Failure};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -113,38 +114,11 @@ fn error(status: StatusCode, message: &str, kind: &str, code: Option<&str>) -> R
     (status, axum::Json(encode_error(message, kind, code))).into_response()
 }
 
-/// How a failed call is answered.
+/// How a failed call is answered: the library's mapping
+/// ([`failure_response`](tower_llm::providers::openai::server::failure_response)),
+/// plus `x-llm-attempts`.
 fn failure_response(f: &Failure) -> Response {
-    let message = f.message().unwrap_or("the call failed").to_owned();
-    let label = f.class().as_metric_label();
-    let (status, kind) = match f.class() {
-        FailureClass::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
-        FailureClass::Conflict => (StatusCode::CONFLICT, "conflict"),
-        FailureClass::BadRequest
-        | FailureClass::ContextWindowExceeded
-        | FailureClass::ContentFiltered => (StatusCode::BAD_REQUEST, "invalid_request_error"),
-        // Our credentials or our model names: the gateway's fault, not the
-        // client's.
-        FailureClass::Auth | FailureClass::NotFound => (StatusCode::BAD_GATEWAY, "upstream_error"),
-        FailureClass::InvalidResponse | FailureClass::Cancelled => {
-            (StatusCode::BAD_GATEWAY, "upstream_error")
-        }
-        _ => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable"),
-    };
-    let status = if f.is_all_links_failed() && status != StatusCode::GATEWAY_TIMEOUT {
-        StatusCode::SERVICE_UNAVAILABLE
-    } else {
-        status
-    };
-    let mut res = error(status, &message, kind, Some(label));
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        if let Some(wait) = f.retry_after() {
-            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-            if let Ok(v) = HeaderValue::from_str(&secs.max(1).to_string()) {
-                res.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-        }
-    }
+    let mut res = openai_failure_response(f).map(Body::new);
     insert_attempts(res.headers_mut(), f.attempts(), None);
     res
 }
@@ -435,25 +409,6 @@ fn unknown_route(alias: &str) -> Response {
     )
 }
 
-/// `stream_options.include_usage` in a request body (read without
-/// building a copy of the rest of it).
-fn wants_usage(body: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Body {
-        #[serde(default)]
-        stream_options: Option<StreamOptions>,
-    }
-    #[derive(serde::Deserialize)]
-    struct StreamOptions {
-        #[serde(default)]
-        include_usage: Option<bool>,
-    }
-    serde_json::from_slice::<Body>(body)
-        .ok()
-        .and_then(|b| b.stream_options?.include_usage)
-        .unwrap_or(false)
-}
-
 /// Stream ids: unique per process.
 static STREAMS: AtomicU64 = AtomicU64::new(0);
 
@@ -495,21 +450,12 @@ fn sse(
     } else {
         insert_attempts(headers, stream.attempts(), Some(position));
     }
-    let model = stream.model().to_owned();
-    let frames = Frames {
-        stream,
-        done: false,
-        id: format!(
-            "chatcmpl-{}-{}",
-            now_unix(),
-            STREAMS.fetch_add(1, Ordering::Relaxed)
-        ),
-        first: true,
-        include_usage,
-        usage: tower_llm::Usage::default(),
-        model,
-        created: now_unix(),
-    };
+    let id = format!(
+        "chatcmpl-{}-{}",
+        now_unix(),
+        STREAMS.fetch_add(1, Ordering::Relaxed)
+    );
+    let frames = SseFrames::new(stream, include_usage, id, now_unix());
     let (tx, rx) = tokio::sync::mpsc::channel(SSE_BUFFER);
     let (taken, gone) = tokio::sync::oneshot::channel();
     tokio::spawn(pump(frames, tx, deadline, conn, gone, held));
@@ -520,7 +466,7 @@ fn sse(
 /// Moves `frames` to the client until they end, the client goes, or the
 /// deadline passes (see [`sse`]).
 async fn pump(
-    mut frames: Frames,
+    mut frames: SseFrames,
     tx: tokio::sync::mpsc::Sender<Bytes>,
     deadline: Instant,
     conn: Option<Connection>,
@@ -539,7 +485,7 @@ async fn pump(
                 _ = tx.closed() => return,
                 frame = next => frame,
             };
-            let Some(Ok(frame)) = frame else {
+            let Some(frame) = frame else {
                 return;
             };
             if tx.send(frame).await.is_err() {
@@ -555,7 +501,7 @@ async fn pump(
     let failure = Failure::deadline_exceeded().with_message("the call's deadline passed");
     let taken = tokio::time::timeout(CLOSE_GRACE, async {
         // Room for the last event comes only if the client reads.
-        let _ = tx.send(error_frame(&failure)).await;
+        let _ = tx.send(sse_error_event(&failure)).await;
         drop(tx);
         let _ = (&mut gone).await;
     })
@@ -584,95 +530,6 @@ impl futures_core::Stream for Delivered {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
         self.rx.poll_recv(cx).map(|frame| frame.map(Ok))
-    }
-}
-
-/// The `data:` event of a failure after the commit point.
-fn error_frame(f: &Failure) -> Bytes {
-    let body = encode_error(
-        f.message().unwrap_or("the stream failed"),
-        "stream_error",
-        Some(f.class().as_metric_label()),
-    );
-    Bytes::from(format!("data: {body}\n\n"))
-}
-
-/// The SSE frames of a committed stream: the first carries the role;
-/// usage is summed and sent once at the end, and only when the client
-/// asked for it (`stream_options.include_usage`), as OpenAI does.
-struct Frames {
-    stream: ChatStream,
-    done: bool,
-    id: String,
-    model: String,
-    created: u64,
-    first: bool,
-    include_usage: bool,
-    usage: tower_llm::Usage,
-}
-
-impl futures_core::Stream for Frames {
-    type Item = Result<Bytes, Infallible>;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        use std::task::Poll;
-        let this = &mut *self;
-        if this.done {
-            return Poll::Ready(None);
-        }
-        let frame = loop {
-            match std::task::ready!(std::pin::Pin::new(&mut this.stream).poll_next(cx)) {
-                Some(Ok(mut chunk)) => {
-                    if let Some(u) = chunk.usage.take() {
-                        // Providers report usage in parts (Anthropic: input
-                        // first, output last): keep every count.
-                        if u.prompt_tokens > 0 {
-                            this.usage.prompt_tokens = u.prompt_tokens;
-                        }
-                        if u.completion_tokens > 0 {
-                            this.usage.completion_tokens = u.completion_tokens;
-                        }
-                        if u.cached_input_tokens > 0 {
-                            this.usage.cached_input_tokens = u.cached_input_tokens;
-                        }
-                    }
-                    if chunk.text.is_none()
-                        && chunk.tool_call.is_none()
-                        && chunk.finish_reason.is_none()
-                    {
-                        continue; // usage only
-                    }
-                    let body = if std::mem::take(&mut this.first) {
-                        encode_first_chunk(&chunk, &this.id, &this.model, this.created)
-                    } else {
-                        encode_chunk(&chunk, &this.id, &this.model, this.created)
-                    };
-                    break format!("data: {body}\n\n");
-                }
-                Some(Err(f)) => {
-                    this.done = true;
-                    return Poll::Ready(Some(Ok(error_frame(&f))));
-                }
-                None => {
-                    this.done = true;
-                    let mut out = String::new();
-                    if this.include_usage {
-                        let usage = tower_llm::ChatChunk {
-                            usage: Some(this.usage),
-                            ..tower_llm::ChatChunk::default()
-                        };
-                        let body = encode_chunk(&usage, &this.id, &this.model, this.created);
-                        out.push_str(&format!("data: {body}\n\n"));
-                    }
-                    out.push_str("data: [DONE]\n\n");
-                    break out;
-                }
-            }
-        };
-        Poll::Ready(Some(Ok(Bytes::from(frame))))
     }
 }
 
