@@ -64,12 +64,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use tower::ServiceBuilder;
+use tower::ServiceExt as _;
 use tower::util::BoxCloneSyncService;
 use tower_llm_breaker::{BreakerConfig, BreakerLayer};
 
 use tower_llm_core::{
-    BoxError, ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics, Metrics,
-    RecordsAttempts,
+    BoxError, ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, FailurePolicy,
+    GenAiMetrics, Metrics, RecordsAttempts,
 };
 use tower_llm_deadline::DeadlineLayer;
 use tower_llm_fallback::{FallbackLayer, LinkSpec};
@@ -78,9 +79,16 @@ use tower_llm_providers::{
     Anthropic, AnthropicConfig, ApiKey, AwsCredentials, Bedrock, BedrockConfig, OpenAi,
     OpenAiConfig, RequestBody,
 };
-use tower_llm_retry::{RetryConfig, RetryLayer};
+use tower_llm_retry::{JitterSpec, NamedJitter, RetryConfig, RetryLayer};
 
 use crate::ServiceBuilderExt;
+
+mod named;
+
+pub use named::{
+    BackoffKind, CostLimit, DEFAULT_DEGRADED_TEXT, DEGRADED_TEMPLATE, FallbackPolicyDoc,
+    FallbackStep, Idempotency, NeverBypass, OperationPolicy, RISK_HEADER, SeedBackoff, SeedClass,
+};
 
 /// A whole policy: the file's top level.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -119,6 +127,18 @@ pub struct Policy {
     /// `[[routes]]`: model aliases and their fallback chains.
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
+    /// `[[retry_policies]]`: named operation retry policies (seed 004's
+    /// first example), which routes name with `retry_policy`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retry_policies: Vec<OperationPolicy>,
+    /// `[[fallback_policies]]`: named fallback ladders (seed 004's second
+    /// example), which routes name with `fallback_policy`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallback_policies: Vec<FallbackPolicyDoc>,
+    /// `[breaker_policies.NAME]`: named breaker settings (each a
+    /// [`BreakerConfig`]), which routes name with `breaker_policy`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub breaker_policies: std::collections::BTreeMap<String, BreakerConfig>,
 }
 
 /// `[deadline]`.
@@ -439,6 +459,11 @@ pub struct LinkConfig {
     /// (`skipped_by_policy` in the attempt log). Default: every request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admit: Option<AdmitRule>,
+    /// `requires_verification`: an answer served by this link is flagged
+    /// for the caller to verify (the gateway sends
+    /// `x-llm-requires-verification: true`; default false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub requires_verification: bool,
 }
 
 impl LinkConfig {
@@ -452,6 +477,7 @@ impl LinkConfig {
             long_context: false,
             filtered_content: false,
             admit: None,
+            requires_verification: false,
         }
     }
 }
@@ -507,6 +533,71 @@ pub struct RouteConfig {
     /// (`FallbackBuilder::with_degraded`; default none: the failure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub degraded: Option<String>,
+    /// `degraded_admit`: only requests that pass this rule get the
+    /// degraded answer; the others get the failure (default: every
+    /// request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded_admit: Option<AdmitRule>,
+    /// `deadline_ms`: this route's call budget (default `[deadline]
+    /// total_ms`; with a retry or fallback policy, the smallest written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// `retry_policy`: the `operation` of a `[[retry_policies]]` entry,
+    /// whose settings replace `[retry]`'s (and `[deadline]`'s) on this
+    /// route, and whose `fallback_policy` and `breaker_policy` it uses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_policy: Option<String>,
+    /// `fallback_policy`: the `fallback_id` of a `[[fallback_policies]]`
+    /// ladder whose steps follow `chain`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_policy: Option<String>,
+    /// `breaker_policy`: a `[breaker_policies.NAME]` used instead of
+    /// `[breaker]` on this route's links. A circuit shared by two routes is
+    /// judged, on each call, by the settings of the route it came through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker_policy: Option<String>,
+}
+
+impl RouteConfig {
+    /// A route `model` over `chain`, with nothing else set.
+    pub fn new(model: impl Into<String>, chain: Vec<LinkConfig>) -> Self {
+        RouteConfig {
+            model: model.into(),
+            chain,
+            health_ordering_ms: None,
+            degraded: None,
+            degraded_admit: None,
+            deadline_ms: None,
+            retry_policy: None,
+            fallback_policy: None,
+            breaker_policy: None,
+        }
+    }
+}
+
+/// A route with its named policies applied: what
+/// [`Policy::build_route`] builds. See [`Policy::resolve`].
+#[derive(Debug, Clone)]
+pub struct ResolvedRoute {
+    /// The links: the route's `chain`, then its fallback policy's steps.
+    pub chain: Vec<LinkConfig>,
+    /// The retry settings: `[retry]`, or the route's retry policy over it.
+    pub retry: RetryConfig,
+    /// Which classes are retried, when a retry policy says (`retryable`).
+    pub retry_failures: Option<FailurePolicy>,
+    /// Which classes fail over, when a fallback policy says (`trigger`).
+    pub fallback_failures: Option<FailurePolicy>,
+    /// The breaker settings: `[breaker]`, or the route's breaker policy.
+    pub breaker: BreakerConfig,
+    /// The call's budget.
+    pub total_ms: u64,
+    /// Whether a deadline was written for the route (anywhere), so its
+    /// links' attempt timeouts are checked against it.
+    pub deadline_written: bool,
+    /// The degraded answer, if any.
+    pub degraded: Option<String>,
+    /// Who may get it (default everyone).
+    pub degraded_admit: Option<AdmitRule>,
 }
 
 /// What a route's stack answers: a unary [`ChatResponse`] or a
@@ -516,6 +607,9 @@ pub trait RouteAnswer: RecordsAttempts + Send + 'static {
     /// An answer of `text` in the name of `route` (the provider reads
     /// `degraded`).
     fn degraded(route: &str, text: &str) -> Self;
+
+    /// `true` for a degraded answer.
+    fn is_degraded(&self) -> bool;
 }
 
 impl RouteAnswer for ChatResponse {
@@ -537,6 +631,10 @@ impl RouteAnswer for ChatResponse {
             attempts: Vec::new(),
         }
     }
+
+    fn is_degraded(&self) -> bool {
+        self.degraded
+    }
 }
 
 impl RouteAnswer for ChatStream {
@@ -547,6 +645,10 @@ impl RouteAnswer for ChatStream {
             ..tower_llm_core::ChatChunk::default()
         };
         ChatStream::from_chunks("degraded", route, vec![Ok(chunk)])
+    }
+
+    fn is_degraded(&self) -> bool {
+        ChatStream::is_degraded(self)
     }
 }
 
@@ -709,6 +811,23 @@ impl Policy {
         if self.routes.is_empty() {
             p.push("the policy has no routes ([[routes]])".to_owned());
         }
+        let mut seen = HashSet::new();
+        for op in &self.retry_policies {
+            if !seen.insert(op.operation.as_str()) {
+                p.push(format!("duplicate retry policy \"{}\"", op.operation));
+            }
+        }
+        let mut seen = HashSet::new();
+        for doc in &self.fallback_policies {
+            if !seen.insert(doc.fallback_id.as_str()) {
+                p.push(format!("duplicate fallback policy \"{}\"", doc.fallback_id));
+            }
+        }
+        for (name, breaker) in &self.breaker_policies {
+            if let Err(e) = breaker.validate() {
+                p.push(format!("breaker_policies.{name}.{e}"));
+            }
+        }
         let mut routes = HashSet::new();
         for route in &self.routes {
             if !routes.insert(route.model.as_str()) {
@@ -723,8 +842,37 @@ impl Policy {
                     route.model
                 ));
             }
+            if route.deadline_ms == Some(0) {
+                p.push(format!(
+                    "route \"{}\": deadline_ms must be above 0",
+                    route.model
+                ));
+            }
+            if let Some(rule) = &route.degraded_admit {
+                check_rule(
+                    rule,
+                    &format!("route \"{}\": degraded_admit", route.model),
+                    &mut p,
+                );
+            }
+            let resolved = match self.resolve(route) {
+                Ok(r) => r,
+                Err(e) => {
+                    p.extend(e.problems);
+                    continue;
+                }
+            };
+            if route.retry_policy.is_some() {
+                if let Err(e) = resolved.retry.validate() {
+                    p.extend(
+                        e.problems()
+                            .iter()
+                            .map(|e| format!("route \"{}\": retry policy: {e}", route.model)),
+                    );
+                }
+            }
             let mut links = HashSet::new();
-            for link in &route.chain {
+            for link in &resolved.chain {
                 let at = format!(
                     "route \"{}\": link {}/{}",
                     route.model, link.provider, link.model
@@ -737,25 +885,18 @@ impl Policy {
                         ));
                     }
                 }
-                match (link.attempt_timeout_ms, self.deadline.total_ms) {
-                    (Some(0), _) => p.push(format!("{at}: attempt_timeout_ms must be above 0")),
-                    (Some(attempt), Some(total)) if attempt > total => p.push(format!(
-                        "{at}: attempt_timeout_ms ({attempt}) is longer than deadline.total_ms ({total})"
-                    )),
+                match link.attempt_timeout_ms {
+                    Some(0) => p.push(format!("{at}: attempt_timeout_ms must be above 0")),
+                    Some(attempt) if resolved.deadline_written && attempt > resolved.total_ms => {
+                        p.push(format!(
+                            "{at}: attempt_timeout_ms ({attempt}) is longer than the route's deadline ({})",
+                            resolved.total_ms
+                        ));
+                    }
                     _ => {}
                 }
                 if let Some(rule) = &link.admit {
-                    if http::HeaderName::from_bytes(rule.header.as_bytes()).is_err() {
-                        p.push(format!(
-                            "{at}: admit.header {:?} is not a header name",
-                            rule.header
-                        ));
-                    }
-                    if rule.any_of.is_empty() {
-                        p.push(format!(
-                            "{at}: admit.any_of is empty (no request could use the link)"
-                        ));
-                    }
+                    check_rule(rule, &format!("{at}: admit"), &mut p);
                 }
                 if !names.contains(link.provider.as_str()) {
                     p.push(format!(
@@ -773,6 +914,232 @@ impl Policy {
         }
         if p.is_empty() {
             Ok(())
+        } else {
+            Err(ConfigError { problems: p })
+        }
+    }
+
+    /// `route` with its named policies applied: its retry policy's settings
+    /// over `[retry]` (and its `deadline_ms`), its fallback policy's steps
+    /// after its `chain` (a `DEGRADED_TEMPLATE` step as its degraded
+    /// answer, `allowed_for_risk` as a rule on the `x-llm-risk` header),
+    /// its breaker policy instead of `[breaker]`, and its deadline: the
+    /// smallest of the route's `deadline_ms`, the retry policy's
+    /// `deadline_ms` and the fallback policy's `max_total_latency_ms`, or
+    /// `[deadline] total_ms`.
+    ///
+    /// # Errors
+    ///
+    /// A named policy that does not exist, a route and its retry policy
+    /// naming different fallback or breaker policies, a step target that
+    /// is not `provider/model`, a degraded step that is not last or that
+    /// meets a route `degraded`, a class a list may not name, a
+    /// `max_total_cost` other than `"..."`.
+    pub fn resolve(&self, route: &RouteConfig) -> Result<ResolvedRoute, ConfigError> {
+        let at = format!("route \"{}\"", route.model);
+        let mut p = Vec::new();
+        let op = match &route.retry_policy {
+            None => None,
+            Some(name) => {
+                let op = self.retry_policies.iter().find(|o| &o.operation == name);
+                if op.is_none() {
+                    p.push(format!("{at}: unknown retry_policy \"{name}\""));
+                }
+                op
+            }
+        };
+        let mut pick = |key: &str, own: &Option<String>, via: Option<&Option<String>>| match (
+            own,
+            via.and_then(Option::as_ref),
+        ) {
+            (Some(a), Some(b)) if a != b => {
+                p.push(format!(
+                    "{at}: {key} \"{a}\" contradicts its retry policy's \"{b}\""
+                ));
+                None
+            }
+            (Some(a), _) => Some(a.clone()),
+            (None, b) => b.cloned(),
+        };
+        let fallback_name = pick(
+            "fallback_policy",
+            &route.fallback_policy,
+            op.map(|o| &o.fallback_policy),
+        );
+        let breaker_name = pick(
+            "breaker_policy",
+            &route.breaker_policy,
+            op.map(|o| &o.breaker_policy),
+        );
+        let doc = fallback_name.as_ref().and_then(|name| {
+            let doc = self
+                .fallback_policies
+                .iter()
+                .find(|d| &d.fallback_id == name);
+            if doc.is_none() {
+                p.push(format!("{at}: unknown fallback_policy \"{name}\""));
+            }
+            doc
+        });
+        let breaker = match &breaker_name {
+            None => self.breaker,
+            Some(name) => match self.breaker_policies.get(name) {
+                Some(b) => *b,
+                None => {
+                    p.push(format!("{at}: unknown breaker_policy \"{name}\""));
+                    self.breaker
+                }
+            },
+        };
+
+        let mut retry = self.retry;
+        let mut retry_failures = None;
+        if let Some(op) = op {
+            let at = format!("retry policy \"{}\"", op.operation);
+            if let Some(n) = op.max_attempts {
+                retry.max_attempts = n;
+            }
+            if let Some(ms) = op.attempt_timeout_ms {
+                retry.attempt_timeout_ms = Some(ms);
+            }
+            if let Some(b) = op.backoff {
+                retry.base_ms = Some(b.base_ms);
+                retry.max_ms = Some(b.max_ms.unwrap_or(b.base_ms));
+                let (factor, jitter) = match b.kind {
+                    BackoffKind::ExponentialJitter => (2.0, NamedJitter::Full),
+                    BackoffKind::Exponential => (2.0, NamedJitter::None),
+                    BackoffKind::Fixed => (1.0, NamedJitter::None),
+                };
+                retry.factor = factor;
+                retry.jitter = JitterSpec::Named(jitter);
+            }
+            if let Some(list) = &op.retryable {
+                for class in list {
+                    if !SeedClass::RETRYABLE.contains(class) {
+                        p.push(format!(
+                            "{at}: retryable: {class:?} is never retried on the same link (TIMEOUT, UNAVAILABLE and RATE_LIMITED can be)"
+                        ));
+                    }
+                }
+                retry_failures = Some(named::policy_for(list, &SeedClass::RETRYABLE, |d, on| {
+                    d.retry = on;
+                }));
+            }
+            if op.deadline_ms == Some(0) {
+                p.push(format!("{at}: deadline_ms must be above 0"));
+            }
+        }
+
+        let mut chain = route.chain.clone();
+        let mut degraded = route.degraded.clone();
+        let mut degraded_admit = route.degraded_admit.clone();
+        let mut fallback_failures = None;
+        if let Some(doc) = doc {
+            let at = format!("fallback policy \"{}\"", doc.fallback_id);
+            if let Some(list) = &doc.trigger {
+                for class in list {
+                    if !SeedClass::TRIGGERS.contains(class) {
+                        p.push(format!(
+                            "{at}: trigger: {class:?} cannot be a trigger (mark a link long_context or filtered_content instead)"
+                        ));
+                    }
+                }
+                fallback_failures = Some(named::policy_for(list, &SeedClass::TRIGGERS, |d, on| {
+                    d.failover = on;
+                }));
+            }
+            match &doc.max_total_cost {
+                None => {}
+                Some(CostLimit::Text(t)) if t == "..." => {}
+                Some(other) => p.push(format!(
+                    "{at}: max_total_cost {other:?} is not supported: tower-llm does not price calls (leave it out, or \"...\")"
+                )),
+            }
+            if doc.max_total_latency_ms == Some(0) {
+                p.push(format!("{at}: max_total_latency_ms must be above 0"));
+            }
+            if doc.steps.is_empty() {
+                p.push(format!("{at}: steps is empty"));
+            }
+            for (i, step) in doc.steps.iter().enumerate() {
+                let at = format!("{at}: steps[{i}]");
+                if step.target == DEGRADED_TEMPLATE {
+                    if i + 1 != doc.steps.len() {
+                        p.push(format!("{at}: DEGRADED_TEMPLATE must be the last step"));
+                    }
+                    if degraded.is_some() {
+                        p.push(format!(
+                            "{at}: DEGRADED_TEMPLATE meets the route's own `degraded`"
+                        ));
+                    }
+                    if step.max_attempts.is_some() || step.requires_verification {
+                        p.push(format!(
+                            "{at}: max_attempts and requires_verification mean nothing on DEGRADED_TEMPLATE"
+                        ));
+                    }
+                    degraded = Some(
+                        step.text
+                            .clone()
+                            .unwrap_or_else(|| DEFAULT_DEGRADED_TEXT.to_owned()),
+                    );
+                    if let Some(risks) = &step.allowed_for_risk {
+                        if degraded_admit.is_some() {
+                            p.push(format!(
+                                "{at}: allowed_for_risk meets the route's own `degraded_admit`"
+                            ));
+                        }
+                        degraded_admit = Some(AdmitRule {
+                            header: RISK_HEADER.to_owned(),
+                            any_of: risks.clone(),
+                        });
+                    }
+                    continue;
+                }
+                if step.allowed_for_risk.is_some() || step.text.is_some() {
+                    p.push(format!(
+                        "{at}: allowed_for_risk and text belong to a DEGRADED_TEMPLATE step only"
+                    ));
+                }
+                match step.target.split_once('/') {
+                    Some((provider, model)) if !provider.is_empty() && !model.is_empty() => {
+                        chain.push(LinkConfig {
+                            max_attempts: step.max_attempts,
+                            requires_verification: step.requires_verification,
+                            ..LinkConfig::new(provider, model)
+                        });
+                    }
+                    _ => p.push(format!(
+                        "{at}: target {:?} is neither \"provider/model\" nor DEGRADED_TEMPLATE",
+                        step.target
+                    )),
+                }
+            }
+        }
+
+        let written = [
+            route.deadline_ms,
+            op.and_then(|o| o.deadline_ms),
+            doc.and_then(|d| d.max_total_latency_ms),
+        ];
+        let deadline_written =
+            self.deadline.total_ms.is_some() || written.iter().any(Option::is_some);
+        let total_ms = written
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or_else(|| self.deadline.total_ms());
+        if p.is_empty() {
+            Ok(ResolvedRoute {
+                chain,
+                retry,
+                retry_failures,
+                fallback_failures,
+                breaker,
+                total_ms,
+                deadline_written,
+                degraded,
+                degraded_admit,
+            })
         } else {
             Err(ConfigError { problems: p })
         }
@@ -850,10 +1217,26 @@ impl Policy {
     where
         Res: RouteAnswer,
     {
-        let retry = self.retry_layer()?;
-        let breaker = self.breaker_layer(breaker.clone())?;
-        let mut links = Vec::with_capacity(route.chain.len());
-        for link in &route.chain {
+        let r = self.resolve(route)?;
+        let min_attempt = r
+            .retry
+            .min_attempt_ms
+            .unwrap_or_else(|| 1_000.min(r.total_ms / 4));
+        let mut retry = RetryLayer::new()
+            .with_config(&RetryConfig {
+                min_attempt_ms: Some(min_attempt),
+                ..r.retry
+            })
+            .map_err(|e| ConfigError::new(format!("route \"{}\": retry: {e}", route.model)))?;
+        if let Some(failures) = r.retry_failures {
+            retry = retry.with_failure_policy(failures);
+        }
+        let breaker = breaker
+            .clone()
+            .with_config(r.breaker)
+            .map_err(|e| ConfigError::new(format!("route \"{}\": {e}", route.model)))?;
+        let mut links = Vec::with_capacity(r.chain.len());
+        for link in &r.chain {
             let config = self.provider(&link.provider).ok_or_else(|| {
                 ConfigError::new(format!("unknown provider \"{}\"", link.provider))
             })?;
@@ -893,21 +1276,64 @@ impl Policy {
         for (spec, svc) in links {
             chain = chain.or(spec, svc);
         }
+        if let Some(failures) = r.fallback_failures {
+            chain = chain.with_failure_policy(failures);
+        }
         if let Some(ms) = route.health_ordering_ms {
             chain = chain.with_health_ordering(Duration::from_millis(ms));
         }
-        if let Some(text) = route.degraded.clone() {
+        if let Some(text) = r.degraded.clone() {
             let alias = route.model.clone();
             chain = chain.with_degraded(move |_| Res::degraded(&alias, &text));
         }
         let fallback = chain
             .build()
             .map_err(|e| ConfigError::new(format!("route \"{}\": {e}", route.model)))?;
-        let svc = ServiceBuilder::new()
-            .layer(self.deadline_layer(metrics))
-            .llm_fallback(fallback)
-            .service(primary);
-        Ok(BoxCloneSyncService::new(svc))
+        let svc = BoxCloneSyncService::new(
+            ServiceBuilder::new()
+                .layer(DeadlineLayer::new(Duration::from_millis(r.total_ms)).with_metrics(metrics))
+                .llm_fallback(fallback)
+                .service(primary),
+        );
+        Ok(match r.degraded_admit {
+            None => svc,
+            Some(rule) => degraded_only_for(svc, rule),
+        })
+    }
+}
+
+/// `svc`, whose degraded answers go only to requests `rule` admits; the
+/// others get a failure (`transient`: every link failed) instead.
+fn degraded_only_for<Res: RouteAnswer>(
+    svc: RouteService<Res>,
+    rule: AdmitRule,
+) -> RouteService<Res> {
+    let rule = Arc::new(rule);
+    BoxCloneSyncService::new(tower::service_fn(move |req: ChatRequest| {
+        let allowed = rule.admits(&req);
+        let svc = svc.clone();
+        async move {
+            let res = svc.oneshot(req).await?;
+            if res.is_degraded() && !allowed {
+                return Err(Failure::new(FailureClass::Transient).with_message(
+                    "every link failed, and this request may not get the degraded answer",
+                ));
+            }
+            Ok(res)
+        }
+    }))
+}
+
+/// Checks an admission rule.
+fn check_rule(rule: &AdmitRule, at: &str, p: &mut Vec<String>) {
+    if http::HeaderName::from_bytes(rule.header.as_bytes()).is_err() {
+        p.push(format!(
+            "{at}.header {:?} is not a header name",
+            rule.header
+        ));
+    }
+    if rule.any_of.is_empty() {
+        p.push(format!("{at}.any_of is empty (no request could pass)"));
     }
 }
 

@@ -33,6 +33,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::Gateway;
 use crate::server::Connection;
+use crate::state::RouteInfo;
 
 /// The largest request body accepted (1 MiB): larger ones get 413.
 pub const MAX_REQUEST_BODY: usize = 1024 * 1024;
@@ -119,15 +120,22 @@ fn error(status: StatusCode, message: &str, kind: &str, code: Option<&str>) -> R
 /// plus `x-llm-attempts`.
 fn failure_response(f: &Failure) -> Response {
     let mut res = openai_failure_response(f).map(Body::new);
-    insert_attempts(res.headers_mut(), f.attempts(), None);
+    insert_attempts(res.headers_mut(), f.attempts(), None, None);
     res
 }
 
 /// `x-llm-attempts`, and for an answer `x-llm-provider` and
 /// `x-llm-model-used`: the provider and model of the link that served it,
 /// as the policy names them (never the upstream's own model name, which
-/// stays in the body: header values come from configuration only).
-fn insert_attempts(headers: &mut HeaderMap, attempts: &[AttemptRecord], position: Option<u8>) {
+/// stays in the body: header values come from configuration only); and
+/// `x-llm-requires-verification: true` when that link is marked
+/// `requires_verification`.
+fn insert_attempts(
+    headers: &mut HeaderMap,
+    attempts: &[AttemptRecord],
+    position: Option<u8>,
+    route: Option<&RouteInfo>,
+) {
     headers.insert("x-llm-attempts", HeaderValue::from(attempts.len()));
     let Some(position) = position else {
         return;
@@ -144,6 +152,16 @@ fn insert_attempts(headers: &mut HeaderMap, attempts: &[AttemptRecord], position
     }
     if let Ok(v) = HeaderValue::from_str(&served.model) {
         headers.insert("x-llm-model-used", v);
+    }
+    if route.is_some_and(|r| {
+        r.verify
+            .iter()
+            .any(|(p, m)| **p == *served.provider && **m == *served.model)
+    }) {
+        headers.insert(
+            "x-llm-requires-verification",
+            HeaderValue::from_static("true"),
+        );
     }
 }
 
@@ -305,8 +323,11 @@ async fn chat(
     drop(body);
     // In-flight calls keep the routes they started with.
     let routes = gw.routes.load_full();
+    let Some(info) = routes.info.get(&*req.model).cloned() else {
+        return unknown_route(&req.model);
+    };
     // The call's deadline, as the deadline layer counts it (from now).
-    let deadline = Instant::now() + routes.policy.deadline.total();
+    let deadline = Instant::now() + info.deadline;
     let span = tracing::info_span!("gateway.chat", route = %req.model, stream = req.stream);
     if let Some(cx) = parent {
         let _ = span.set_parent(cx);
@@ -317,7 +338,14 @@ async fn chat(
         };
         drop(routes);
         match svc.oneshot(req).instrument(span).await {
-            Ok(stream) => sse(stream, include_usage, deadline, conn.map(|c| c.0), held),
+            Ok(stream) => sse(
+                stream,
+                include_usage,
+                deadline,
+                conn.map(|c| c.0),
+                held,
+                &info,
+            ),
             Err(f) => failure_response(&f),
         }
     } else {
@@ -349,7 +377,7 @@ async fn chat(
                 );
                 // A degraded answer was served by no link.
                 let position = (!res.degraded).then_some(res.fallback_position);
-                insert_attempts(out.headers_mut(), &res.attempts, position);
+                insert_attempts(out.headers_mut(), &res.attempts, position, Some(&info));
                 if res.degraded {
                     out.headers_mut()
                         .insert("x-llm-degraded", HeaderValue::from_static("true"));
@@ -435,6 +463,7 @@ fn sse(
     deadline: Instant,
     conn: Option<Connection>,
     held: Held,
+    route: &RouteInfo,
 ) -> Response {
     let position = stream.fallback_position();
     let mut res = Response::new(Body::empty());
@@ -445,10 +474,10 @@ fn sse(
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     if stream.is_degraded() {
-        insert_attempts(headers, stream.attempts(), None);
+        insert_attempts(headers, stream.attempts(), None, None);
         headers.insert("x-llm-degraded", HeaderValue::from_static("true"));
     } else {
-        insert_attempts(headers, stream.attempts(), Some(position));
+        insert_attempts(headers, stream.attempts(), Some(position), Some(route));
     }
     let id = format!(
         "chatcmpl-{}-{}",

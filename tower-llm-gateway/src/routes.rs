@@ -11,7 +11,7 @@ use tower_llm::breaker::BreakerLayer;
 use tower_llm::config::{ConfigError, Policy, ProviderServices};
 use tower_llm::{GenAiMetrics, Metrics};
 
-use crate::state::{KeySource, Routes, Transport};
+use crate::state::{KeySource, RouteInfo, Routes, Transport};
 
 /// Bulkheads by provider name, with their limit.
 pub(crate) type Bulkheads = Mutex<HashMap<String, (usize, Arc<tokio::sync::Semaphore>)>>;
@@ -50,6 +50,7 @@ pub(crate) fn build(
     }
     let mut unary = HashMap::new();
     let mut stream = HashMap::new();
+    let mut info = HashMap::new();
     for route in &policy.routes {
         let u = policy.build_route(route, breaker, metrics.clone(), |p| {
             services[&p.name].chat.clone()
@@ -59,11 +60,26 @@ pub(crate) fn build(
         })?;
         unary.insert(route.model.clone(), u);
         stream.insert(route.model.clone(), s);
+        let resolved = policy.resolve(route)?;
+        let verify = resolved
+            .chain
+            .iter()
+            .filter(|l| l.requires_verification)
+            .map(|l| (l.provider.clone(), l.model.clone()))
+            .collect();
+        info.insert(
+            route.model.clone(),
+            Arc::new(RouteInfo {
+                deadline: Duration::from_millis(resolved.total_ms),
+                verify,
+            }),
+        );
     }
     Ok(Routes {
         policy: policy.clone(),
         unary,
         stream,
+        info,
     })
 }
 

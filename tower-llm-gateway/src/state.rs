@@ -35,6 +35,17 @@ pub(crate) struct Routes {
     pub(crate) policy: Policy,
     pub(crate) unary: HashMap<String, RouteService<ChatResponse>>,
     pub(crate) stream: HashMap<String, RouteService<ChatStream>>,
+    /// What the handler needs to know of each route.
+    pub(crate) info: HashMap<String, Arc<RouteInfo>>,
+}
+
+/// What the HTTP handler needs to know of a route.
+#[derive(Debug)]
+pub(crate) struct RouteInfo {
+    /// The call's budget (the route's resolved deadline).
+    pub(crate) deadline: Duration,
+    /// The links whose answers need verification: (provider, model).
+    pub(crate) verify: Vec<(String, String)>,
 }
 
 /// The gateway: the routes of the running policy, the breaker store (one

@@ -63,7 +63,8 @@ fn the_readme_reference_sets_every_key_and_loads_as_it_is() {
         assert!(
             text.contains(&format!("{key} ="))
                 || text.contains(&format!("[{key}]"))
-                || text.contains(&format!(".{key}]")),
+                || text.contains(&format!(".{key}]"))
+                || text.contains(&format!("[{key}.")),
             "`{key}` is not in the README's reference"
         );
     }
@@ -86,6 +87,21 @@ fn the_readme_reference_sets_every_key_and_loads_as_it_is() {
         "routes[].chain[].long_context",
         "routes[].chain[].filtered_content",
         "routes[].chain[].admit.any_of",
+        "routes[].degraded_admit.header",
+        "routes[].deadline_ms",
+        "routes[].retry_policy",
+        "routes[].fallback_policy",
+        "routes[].breaker_policy",
+        "retry_policies[].retryable",
+        "retry_policies[].backoff.kind",
+        "retry_policies[].idempotency",
+        "fallback_policies[].trigger",
+        "fallback_policies[].max_total_cost",
+        "fallback_policies[].never_bypass",
+        "fallback_policies[].steps[].requires_verification",
+        "fallback_policies[].steps[].allowed_for_risk",
+        "fallback_policies[].steps[].text",
+        "breaker_policies.provider-A.consecutive_failures",
     ] {
         assert!(all.contains(key), "{key} is not set by the reference");
     }

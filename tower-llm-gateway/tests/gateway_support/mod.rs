@@ -91,12 +91,25 @@ pub(crate) async fn start_text(
     backup: Reply,
     text: impl FnOnce(&MockServer, &MockServer) -> String,
 ) -> Harness {
+    start_policy(primary, backup, |p, b| {
+        Policy::from_toml(&text(p, b)).expect("valid policy")
+    })
+    .await
+}
+
+/// As [`start`], with the policy made by `policy` from the two mock
+/// providers.
+pub(crate) async fn start_policy(
+    primary: Reply,
+    backup: Reply,
+    policy: impl FnOnce(&MockServer, &MockServer) -> Policy,
+) -> Harness {
     let primary = MockServer::start(primary).await.expect("primary");
     let backup = MockServer::start(backup).await.expect("backup");
     let keys: KeySource = Arc::new(|_| Ok(Some(ApiKey::new("sk-test-key"))));
     let transport =
         tower_llm::providers::https::client_with_connect_timeout(Duration::from_secs(5));
-    let policy = Policy::from_toml(&text(&primary, &backup)).expect("valid policy");
+    let policy = policy(&primary, &backup);
     let gateway = Gateway::new(policy, transport, keys).expect("gateway");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
