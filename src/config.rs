@@ -66,11 +66,11 @@ use std::sync::Arc;
 use tower::ServiceBuilder;
 use tower::ServiceExt as _;
 use tower::util::BoxCloneSyncService;
-use tower_llm_breaker::{BreakerConfig, BreakerLayer};
+use tower_llm_breaker::{BreakerConfig, BreakerKey, BreakerLayer, KeyFn};
 
 use tower_llm_core::{
     BoxError, ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, FailurePolicy,
-    GenAiMetrics, Metrics, RecordsAttempts,
+    GenAiMetrics, Link, Metrics, RecordsAttempts,
 };
 use tower_llm_deadline::DeadlineLayer;
 use tower_llm_fallback::{FallbackLayer, LinkSpec};
@@ -135,6 +135,15 @@ pub struct Policy {
     /// example), which routes name with `fallback_policy`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fallback_policies: Vec<FallbackPolicyDoc>,
+    /// `breaker_key`: what a circuit is keyed by, any of `"provider"`,
+    /// `"model"`, `"credential"` (the provider's `api_key_env`; AWS keys
+    /// for Bedrock), `"region"` (the provider's `region`). Default
+    /// `["provider", "model"]`: one circuit per provider and model.
+    /// `["provider"]` shares one circuit among a provider's models;
+    /// `["credential"]` makes providers that share a key share a circuit
+    /// (a revoked key opens them all); `["region"]` opens a whole region.
+    #[serde(default = "KeyPart::default_key")]
+    pub breaker_key: Vec<KeyPart>,
     /// `[breaker_policies.NAME]`: named breaker settings (each a
     /// [`BreakerConfig`]), which routes name with `breaker_policy`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -652,6 +661,70 @@ impl RouteAnswer for ChatStream {
     }
 }
 
+/// One part of a circuit's key (`breaker_key`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyPart {
+    /// The provider's `name`.
+    Provider,
+    /// The link's model.
+    Model,
+    /// The provider's credential: its `api_key_env` (Bedrock:
+    /// `AWS_ACCESS_KEY_ID`).
+    Credential,
+    /// The provider's `region` (none for a provider without one).
+    Region,
+}
+
+impl KeyPart {
+    /// The default `breaker_key`: provider and model.
+    pub fn default_key() -> Vec<KeyPart> {
+        vec![KeyPart::Provider, KeyPart::Model]
+    }
+}
+
+/// The breaker key function of a policy's route: the default
+/// [`LinkKey`](tower_llm_breaker::LinkKey) (provider and model), or one
+/// made from `breaker_key` for each of the route's links.
+#[derive(Debug, Clone)]
+pub struct PolicyKey {
+    keys: Option<Arc<[LinkKeyEntry]>>,
+}
+
+/// A link (provider, model) and its circuit's key.
+type LinkKeyEntry = (Arc<str>, Arc<str>, BreakerKey);
+
+impl PolicyKey {
+    fn of(&self, link: &Link) -> Option<&BreakerKey> {
+        self.keys
+            .as_deref()?
+            .iter()
+            .find_map(|(p, m, k)| (**p == *link.provider() && **m == *link.model()).then_some(k))
+    }
+}
+
+impl KeyFn<ChatRequest> for PolicyKey {
+    fn key(&self, req: &ChatRequest, default: &Link) -> BreakerKey {
+        let link = Link::of(req).unwrap_or(default);
+        self.of(link)
+            .cloned()
+            .unwrap_or_else(|| BreakerKey::from_link(link))
+    }
+
+    fn with_key<R>(
+        &self,
+        req: &ChatRequest,
+        default: &Link,
+        f: impl FnOnce(tower_llm_breaker::KeyView<'_>) -> R,
+    ) -> R {
+        let link = Link::of(req).unwrap_or(default);
+        match self.of(link) {
+            Some(key) => f(key.view()),
+            None => tower_llm_breaker::LinkKey.with_key(req, default, f),
+        }
+    }
+}
+
 /// Why a policy was refused: every problem found, one per line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -811,6 +884,15 @@ impl Policy {
         if self.routes.is_empty() {
             p.push("the policy has no routes ([[routes]])".to_owned());
         }
+        if self.breaker_key.is_empty() {
+            p.push("breaker_key is empty (a circuit needs a key)".to_owned());
+        }
+        let mut parts = HashSet::new();
+        for part in &self.breaker_key {
+            if !parts.insert(part) {
+                p.push(format!("breaker_key names {part:?} twice"));
+            }
+        }
         let mut seen = HashSet::new();
         for op in &self.retry_policies {
             if !seen.insert(op.operation.as_str()) {
@@ -917,6 +999,55 @@ impl Policy {
         } else {
             Err(ConfigError { problems: p })
         }
+    }
+
+    /// The breaker key function for `chain` under `breaker_key`.
+    pub fn breaker_key_fn(&self, chain: &[LinkConfig]) -> PolicyKey {
+        if self.breaker_key == KeyPart::default_key() {
+            return PolicyKey { keys: None };
+        }
+        let keys = chain
+            .iter()
+            .map(|link| {
+                let provider = self.provider(&link.provider);
+                let has = |part| self.breaker_key.contains(&part);
+                let mut scope = Vec::new();
+                if has(KeyPart::Credential) {
+                    let credential = provider.and_then(|p| match p.kind {
+                        ProviderKind::Bedrock => Some("AWS_ACCESS_KEY_ID"),
+                        _ => p.api_key_env.as_deref(),
+                    });
+                    scope.push(format!("credential={}", credential.unwrap_or("")));
+                }
+                if has(KeyPart::Region) {
+                    let region = provider.and_then(|p| p.region.as_deref());
+                    scope.push(format!("region={}", region.unwrap_or("")));
+                }
+                let key = BreakerKey::new(
+                    if has(KeyPart::Provider) {
+                        link.provider.as_str()
+                    } else {
+                        "*"
+                    },
+                    if has(KeyPart::Model) {
+                        link.model.as_str()
+                    } else {
+                        "*"
+                    },
+                );
+                let key = if scope.is_empty() {
+                    key
+                } else {
+                    key.with_scope(scope.join(","))
+                };
+                (
+                    Arc::from(link.provider.as_str()),
+                    Arc::from(link.model.as_str()),
+                    key,
+                )
+            })
+            .collect();
+        PolicyKey { keys: Some(keys) }
     }
 
     /// `route` with its named policies applied: its retry policy's settings
@@ -1234,7 +1365,8 @@ impl Policy {
         let breaker = breaker
             .clone()
             .with_config(r.breaker)
-            .map_err(|e| ConfigError::new(format!("route \"{}\": {e}", route.model)))?;
+            .map_err(|e| ConfigError::new(format!("route \"{}\": {e}", route.model)))?
+            .with_key_fn(self.breaker_key_fn(&r.chain));
         let mut links = Vec::with_capacity(r.chain.len());
         for link in &r.chain {
             let config = self.provider(&link.provider).ok_or_else(|| {

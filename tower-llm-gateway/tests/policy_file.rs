@@ -568,3 +568,69 @@ async fn a_reload_keeps_the_circuits_of_surviving_keys() {
     assert_eq!(a.header("x-llm-provider"), "backup");
     assert_eq!(h.primary.received().len(), 3, "still open after the reload");
 }
+
+#[tokio::test(start_paused = true)]
+async fn breaker_key_provider_shares_one_circuit_among_a_provider_s_models() {
+    let chain = r#"chain = [{ provider = "primary", model = "a", max_attempts = 1 }, { provider = "primary", model = "b", max_attempts = 1 }, { provider = "backup", model = "claude-x" }]"#;
+    let h = start_text(down(), Reply::anthropic_text("from backup"), |p, b| {
+        format!(
+            "breaker_key = [\"provider\"]\n{}",
+            text(p, b, "", "consecutive_failures = 3", chain)
+        )
+    })
+    .await;
+    assert_eq!(h.chat(HELLO).await.header("x-llm-provider"), "backup");
+    assert_eq!(h.primary.received().len(), 2);
+    // The 3rd failure, on model a, opens the provider's one circuit: model
+    // b is refused without a call.
+    assert_eq!(h.chat(HELLO).await.header("x-llm-provider"), "backup");
+    assert_eq!(h.primary.received().len(), 3);
+    let circuits = h.send("GET", "/health/circuits", "", &[]).await.json();
+    let primary: Vec<_> = circuits
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter(|c| c["provider"] == "primary")
+        .collect();
+    assert_eq!(primary.len(), 1, "{circuits}");
+    assert_eq!(primary[0]["model"], "*");
+    assert_eq!(primary[0]["state"], "open");
+}
+
+#[tokio::test(start_paused = true)]
+async fn breaker_key_credential_opens_every_provider_on_a_failing_key() {
+    // Both providers use the same key (`api_key_env = "UNUSED"`).
+    let h = start_text(down(), Reply::anthropic_text("from backup"), |p, b| {
+        format!(
+            "breaker_key = [\"credential\"]\n{}",
+            text(p, b, "", "consecutive_failures = 3", INLINE_CHAIN)
+        )
+    })
+    .await;
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 503, "{}", a.body);
+    assert_eq!(h.primary.received().len(), 3);
+    assert_eq!(h.backup.received().len(), 0, "the shared circuit is open");
+    let circuits = h.send("GET", "/health/circuits", "", &[]).await.json();
+    assert_eq!(circuits[0]["scope"], "credential=UNUSED", "{circuits}");
+    assert_eq!(circuits.as_array().map(Vec::len), Some(1));
+}
+
+#[test]
+fn breaker_key_is_checked() {
+    let text = readme_policy();
+    let err = Policy::from_toml(&text.replace(
+        "breaker_key = [\"provider\", \"model\"]",
+        "breaker_key = []",
+    ))
+    .expect_err("refused")
+    .to_string();
+    assert!(err.contains("breaker_key is empty"), "{err}");
+    let err = Policy::from_toml(&text.replace(
+        "breaker_key = [\"provider\", \"model\"]",
+        "breaker_key = [\"tenant\"]",
+    ))
+    .expect_err("refused")
+    .to_string();
+    assert!(err.contains("at breaker_key[0]:"), "{err}");
+}
