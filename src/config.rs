@@ -454,6 +454,18 @@ pub struct LinkConfig {
     /// route's retry policy's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_timeout_ms: Option<u64>,
+    /// `connect_timeout_ms`: this link's connect timeout (default: its
+    /// provider's). A link with its own gets its own connection pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout_ms: Option<u64>,
+    /// `first_token_timeout_ms`: this link's streaming first-token timeout
+    /// (default: its provider's, else `[stream]`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_token_timeout_ms: Option<u64>,
+    /// `idle_timeout_ms`: this link's streaming idle timeout (default: its
+    /// provider's, else `[stream]`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
     /// `long_context`: a context-window failure of an earlier link fails
     /// over to this one (`LinkSpec::serves_long_context`; default false).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -483,6 +495,9 @@ impl LinkConfig {
             model: model.into(),
             max_attempts: None,
             attempt_timeout_ms: None,
+            connect_timeout_ms: None,
+            first_token_timeout_ms: None,
+            idle_timeout_ms: None,
             long_context: false,
             filtered_content: false,
             admit: None,
@@ -977,6 +992,15 @@ impl Policy {
                     }
                     _ => {}
                 }
+                for (key, value) in [
+                    ("connect_timeout_ms", link.connect_timeout_ms),
+                    ("first_token_timeout_ms", link.first_token_timeout_ms),
+                    ("idle_timeout_ms", link.idle_timeout_ms),
+                ] {
+                    if value == Some(0) {
+                        p.push(format!("{at}: {key} must be above 0"));
+                    }
+                }
                 if let Some(rule) = &link.admit {
                     check_rule(rule, &format!("{at}: admit"), &mut p);
                 }
@@ -1326,10 +1350,12 @@ impl Policy {
             .map_err(|e| ConfigError::new(e.to_string()))
     }
 
-    /// The stack of `route`: deadline → fallback along its chain → per link
-    /// retry → breaker → the provider service `provider` gives for the
-    /// link's provider (called once per link; the model is rewritten to the
-    /// link's).
+    /// The stack of `route` as [`resolve`](Self::resolve) makes it:
+    /// deadline → fallback along its chain → per link retry → breaker →
+    /// the provider service `provider` gives for the link's provider and
+    /// the link (called once per link; the model is rewritten to the
+    /// link's; [`ProviderConfig::for_link`] gives the provider with the
+    /// link's own timeouts).
     ///
     /// Works for unary (`Res = ChatResponse`) and streaming
     /// (`Res = ChatStream`) provider services alike.
@@ -1343,7 +1369,7 @@ impl Policy {
         route: &RouteConfig,
         breaker: &BreakerLayer,
         metrics: Metrics,
-        mut provider: impl FnMut(&ProviderConfig) -> RouteService<Res>,
+        mut provider: impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
     ) -> Result<RouteService<Res>, ConfigError>
     where
         Res: RouteAnswer,
@@ -1383,7 +1409,7 @@ impl Policy {
             let svc = ServiceBuilder::new()
                 .llm_retry(link_retry)
                 .llm_breaker(breaker.clone())
-                .service(provider(config));
+                .service(provider(config, link));
             let mut spec =
                 LinkSpec::new(link.provider.as_str(), link.model.as_str()).rewrite_model();
             if link.long_context {
@@ -1510,6 +1536,17 @@ impl ProviderConfig {
     /// `connect_timeout_ms`, if set.
     pub fn connect_timeout(&self) -> Option<Duration> {
         self.connect_timeout_ms.map(Duration::from_millis)
+    }
+
+    /// This provider as `link` uses it: the link's own connect, first-token
+    /// and idle timeouts over the provider's.
+    pub fn for_link(&self, link: &LinkConfig) -> ProviderConfig {
+        ProviderConfig {
+            connect_timeout_ms: link.connect_timeout_ms.or(self.connect_timeout_ms),
+            first_token_timeout_ms: link.first_token_timeout_ms.or(self.first_token_timeout_ms),
+            idle_timeout_ms: link.idle_timeout_ms.or(self.idle_timeout_ms),
+            ..self.clone()
+        }
     }
 
     /// A fresh bulkhead for this provider's `max_concurrency`, if it has one.

@@ -7,9 +7,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use tower::util::BoxCloneSyncService;
 use tower_llm::breaker::BreakerLayer;
-use tower_llm::config::{ConfigError, Policy, ProviderServices};
-use tower_llm::{GenAiMetrics, Metrics};
+use tower_llm::config::{
+    ConfigError, LinkConfig, Policy, ProviderConfig, ProviderServices, RouteService,
+};
+use tower_llm::{ChatRequest, Failure, FailureClass, GenAiMetrics, Metrics};
 
 use crate::state::{KeySource, RouteInfo, Routes, Transport};
 
@@ -26,9 +29,22 @@ pub(crate) fn build(
     keys: &KeySource,
     bulkheads: &Bulkheads,
 ) -> Result<Routes, ConfigError> {
-    let mut services: HashMap<String, ProviderServices> = HashMap::new();
-    for provider in &policy.providers {
-        let key = keys(provider)?;
+    // Each provider once, and once more for each distinct set of link
+    // overrides (connect, first-token, idle timeouts) a route asks for.
+    let mut variants: Vec<ProviderConfig> = policy.providers.clone();
+    for route in &policy.routes {
+        for link in policy.resolve(route)?.chain {
+            if let Some(p) = policy.provider(&link.provider) {
+                let v = p.for_link(&link);
+                if !variants.contains(&v) {
+                    variants.push(v);
+                }
+            }
+        }
+    }
+    let mut services: Vec<(ProviderConfig, ProviderServices)> = Vec::new();
+    for provider in variants {
+        let key = keys(&provider)?;
         let bulkhead = provider.max_concurrency.map(|limit| {
             let mut kept = bulkheads.lock().unwrap_or_else(PoisonError::into_inner);
             match kept.get(&provider.name) {
@@ -40,24 +56,50 @@ pub(crate) fn build(
                 }
             }
         });
-        // A provider with its own connect timeout gets its own pool.
+        // A provider or link with its own connect timeout gets its own pool.
         let transport = match provider.connect_timeout() {
             Some(limit) => connect_with(limit),
             None => transport.clone(),
         };
         let built = provider.services(key, transport, policy.stream.timeouts(), genai, bulkhead)?;
-        services.insert(provider.name.clone(), built);
+        services.push((provider, built));
     }
+    let find = |p: &ProviderConfig, link: &LinkConfig| {
+        let want = p.for_link(link);
+        services
+            .iter()
+            .find(|(v, _)| *v == want)
+            .map(|(_, s)| s.clone())
+    };
     let mut unary = HashMap::new();
     let mut stream = HashMap::new();
     let mut info = HashMap::new();
     for route in &policy.routes {
-        let u = policy.build_route(route, breaker, metrics.clone(), |p| {
-            services[&p.name].chat.clone()
+        let mut missing = false;
+        let u = policy.build_route(route, breaker, metrics.clone(), |p, link| {
+            find(p, link).map_or_else(
+                || {
+                    missing = true;
+                    unavailable(&p.name)
+                },
+                |s| s.chat,
+            )
         })?;
-        let s = policy.build_route(route, breaker, metrics.clone(), |p| {
-            services[&p.name].stream.clone()
+        let s = policy.build_route(route, breaker, metrics.clone(), |p, link| {
+            find(p, link).map_or_else(
+                || {
+                    missing = true;
+                    unavailable(&p.name)
+                },
+                |s| s.stream,
+            )
         })?;
+        if missing {
+            return Err(ConfigError::new(format!(
+                "route \"{}\": a link's provider was not built",
+                route.model
+            )));
+        }
         unary.insert(route.model.clone(), u);
         stream.insert(route.model.clone(), s);
         let resolved = policy.resolve(route)?;
@@ -81,6 +123,16 @@ pub(crate) fn build(
         stream,
         info,
     })
+}
+
+/// A stand-in for a provider that could not be built (never served: the
+/// build fails first).
+fn unavailable<Res: Send + 'static>(name: &str) -> RouteService<Res> {
+    let message = format!("provider \"{name}\" was not built");
+    BoxCloneSyncService::new(tower::service_fn(move |_req: ChatRequest| {
+        let message = message.clone();
+        async move { Err(Failure::new(FailureClass::InvalidResponse).with_message(message)) }
+    }))
 }
 
 /// A transport with `limit` as its connect timeout.

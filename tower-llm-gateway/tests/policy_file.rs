@@ -84,6 +84,9 @@ fn the_readme_reference_sets_every_key_and_loads_as_it_is() {
         "routes[].degraded",
         "routes[].chain[].max_attempts",
         "routes[].chain[].attempt_timeout_ms",
+        "routes[].chain[].connect_timeout_ms",
+        "routes[].chain[].first_token_timeout_ms",
+        "routes[].chain[].idle_timeout_ms",
         "routes[].chain[].long_context",
         "routes[].chain[].filtered_content",
         "routes[].chain[].admit.any_of",
@@ -633,4 +636,34 @@ fn breaker_key_is_checked() {
     .expect_err("refused")
     .to_string();
     assert!(err.contains("at breaker_key[0]:"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_link_s_own_first_token_timeout_cuts_a_slow_stream() {
+    let chain = r#"chain = [{ provider = "primary", model = "gpt-4o-mini", max_attempts = 1, first_token_timeout_ms = 200 }, { provider = "backup", model = "claude-x" }]"#;
+    let h = start_text(
+        Reply::openai_stream(&["late"]).after(Duration::from_secs(1)),
+        Reply::anthropic_stream(&["on", " time"]),
+        |p, b| text(p, b, "", "", chain),
+    )
+    .await;
+    let started = Instant::now();
+    let a = h.chat(HELLO_STREAM).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("x-llm-provider"), "backup");
+    assert!(a.body.contains("time"), "{}", a.body);
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(200) && took < Duration::from_millis(500),
+        "{took:?}"
+    );
+    // The same route without the override waits the primary out.
+    let h = start_text(
+        Reply::openai_stream(&["late"]).after(Duration::from_secs(1)),
+        Reply::anthropic_stream(&["on", " time"]),
+        |p, b| text(p, b, "", "", INLINE_CHAIN),
+    )
+    .await;
+    let a = h.chat(HELLO_STREAM).await;
+    assert_eq!(a.header("x-llm-provider"), "primary");
 }
