@@ -72,7 +72,7 @@ use tower_llm_core::{
     BoxError, ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, FailurePolicy,
     GenAiMetrics, Link, Metrics, RecordsAttempts,
 };
-use tower_llm_deadline::DeadlineLayer;
+use tower_llm_deadline::{DeadlineConfig, DeadlineLayer};
 use tower_llm_fallback::{FallbackLayer, LinkSpec};
 use tower_llm_providers::StreamTimeouts;
 use tower_llm_providers::{
@@ -97,9 +97,10 @@ pub struct Policy {
     /// Where a gateway listens (`host:port`); optional.
     #[serde(default)]
     pub listen: Option<String>,
-    /// `[deadline]`: the call's total budget.
+    /// `[deadline]`: the deadline layer's own settings ([`DeadlineConfig`]):
+    /// the call's total budget.
     #[serde(default)]
-    pub deadline: DeadlinePolicy,
+    pub deadline: DeadlineConfig,
     /// `[retry]`: the retry layer's own settings ([`RetryConfig`]: the
     /// same field names): attempts per link, their timeout, the backoff
     /// and its jitter, the retry budget, `max_retry_after_ms`.
@@ -148,35 +149,6 @@ pub struct Policy {
     /// [`BreakerConfig`]), which routes name with `breaker_policy`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub breaker_policies: std::collections::BTreeMap<String, BreakerConfig>,
-}
-
-/// `[deadline]`.
-///
-/// Unset keys are `None` and take their default, so a policy never
-/// contradicts itself through defaults: only values written in the file
-/// are checked against each other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DeadlinePolicy {
-    /// `total_ms`: the whole call's budget, every retry and failover
-    /// included (default 30,000).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub total_ms: Option<u64>,
-}
-
-impl DeadlinePolicy {
-    /// The default `total_ms`.
-    pub const DEFAULT_TOTAL_MS: u64 = 30_000;
-
-    /// `total_ms`, or its default.
-    pub fn total_ms(&self) -> u64 {
-        self.total_ms.unwrap_or(Self::DEFAULT_TOTAL_MS)
-    }
-
-    /// The call's budget.
-    pub fn total(&self) -> Duration {
-        Duration::from_millis(self.total_ms())
-    }
 }
 
 /// `[stream]`.
@@ -813,8 +785,8 @@ impl Policy {
     /// Every problem found, not just the first.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut p = Vec::new();
-        if self.deadline.total_ms == Some(0) {
-            p.push("deadline.total_ms must be above 0".to_owned());
+        if let Err(e) = self.deadline.validate() {
+            p.push(format!("deadline.{e}"));
         }
         let r = &self.retry;
         if let Err(e) = r.validate() {

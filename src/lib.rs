@@ -102,8 +102,8 @@ pub use tower_llm_core::*;
 /// The deadline layer ([`tower_llm_deadline`]).
 pub mod deadline {
     pub use tower_llm_deadline::{
-        DeadlineLayer, EnforceDeadline, GRPC_TIMEOUT, ResponseFuture, X_REQUEST_TIMEOUT_MS,
-        header_timeout, parse_grpc_timeout, parse_request_timeout_ms,
+        DeadlineConfig, DeadlineLayer, EnforceDeadline, GRPC_TIMEOUT, ResponseFuture,
+        X_REQUEST_TIMEOUT_MS, header_timeout, parse_grpc_timeout, parse_request_timeout_ms,
     };
 }
 
