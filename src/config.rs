@@ -112,9 +112,10 @@ pub struct Policy {
     /// holds, what counts. One circuit per provider and model.
     #[serde(default)]
     pub breaker: BreakerConfig,
-    /// `[stream]`: the streaming timeouts.
+    /// `[stream]`: the providers' own streaming timeouts
+    /// ([`StreamTimeouts`]: `first_token_timeout_ms`, `idle_timeout_ms`).
     #[serde(default)]
-    pub stream: StreamPolicy,
+    pub stream: StreamTimeouts,
     /// `[health]`: optional background probes of the providers.
     #[serde(default)]
     pub health: HealthPolicy,
@@ -149,35 +150,6 @@ pub struct Policy {
     /// [`BreakerConfig`]), which routes name with `breaker_policy`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub breaker_policies: std::collections::BTreeMap<String, BreakerConfig>,
-}
-
-/// `[stream]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct StreamPolicy {
-    /// `first_token_timeout_ms` (default 30,000).
-    pub first_token_timeout_ms: u64,
-    /// `idle_timeout_ms`: the longest gap between chunks (default 30,000).
-    pub idle_timeout_ms: u64,
-}
-
-impl Default for StreamPolicy {
-    fn default() -> Self {
-        StreamPolicy {
-            first_token_timeout_ms: 30_000,
-            idle_timeout_ms: 30_000,
-        }
-    }
-}
-
-impl StreamPolicy {
-    /// The streaming timeouts.
-    pub fn timeouts(&self) -> StreamTimeouts {
-        StreamTimeouts {
-            first_token: Duration::from_millis(self.first_token_timeout_ms),
-            idle: Duration::from_millis(self.idle_timeout_ms),
-        }
-    }
 }
 
 /// `[health]`.
@@ -814,8 +786,8 @@ impl Policy {
         if self.health.probe_timeout_ms == 0 {
             p.push("health.probe_timeout_ms must be above 0".to_owned());
         }
-        if self.stream.first_token_timeout_ms == 0 || self.stream.idle_timeout_ms == 0 {
-            p.push("stream timeouts must be above 0".to_owned());
+        if let Err(e) = self.stream.validate() {
+            p.push(format!("stream.{e}"));
         }
         let mut names = HashSet::new();
         for provider in &self.providers {

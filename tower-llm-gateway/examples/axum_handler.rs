@@ -114,7 +114,7 @@ pub async fn run() -> Result<Outcome, Box<dyn std::error::Error>> {
         let built = provider.services(
             Some(ApiKey::new("mock")),
             client.clone(),
-            policy.stream.timeouts(),
+            policy.stream,
             &GenAiMetrics::global(),
             None,
         )?;

@@ -61,7 +61,7 @@ pub(crate) fn build(
             Some(limit) => connect_with(limit),
             None => transport.clone(),
         };
-        let built = provider.services(key, transport, policy.stream.timeouts(), genai, bulkhead)?;
+        let built = provider.services(key, transport, policy.stream, genai, bulkhead)?;
         services.push((provider, built));
     }
     let find = |p: &ProviderConfig, link: &LinkConfig| {
