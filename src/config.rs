@@ -45,9 +45,12 @@
 //! assert!(err.to_string().contains("unknown provider \"nobody\""));
 //! ```
 //!
-//! `[retry]` is the retry layer's own [`RetryConfig`] and `[breaker]` the
-//! breaker's own [`BreakerConfig`]: one name per setting in Rust, TOML and
-//! JSON, one validation (theirs). Routes add health-aware ordering and a
+//! `[deadline]` is the deadline layer's own [`DeadlineConfig`], `[retry]`
+//! the retry layer's [`RetryConfig`], `[breaker]` the breaker's
+//! [`BreakerConfig`] and `[stream]` the providers' [`StreamTimeouts`]: one
+//! name per setting in Rust, TOML and JSON, one validation (theirs).
+//! Retry, fallback and breaker policies can also be named once and used by
+//! routes, in seed 004's shape ([`OperationPolicy`], [`FallbackPolicyDoc`]). Routes add health-aware ordering and a
 //! degraded answer, links their own attempts and attempt timeout, the
 //! long-context and filtered-content roles and an [`AdmitRule`] on the
 //! request's [`InboundHeaders`]; providers their own connect and streaming
