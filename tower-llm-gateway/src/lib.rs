@@ -32,10 +32,18 @@
 //! ```
 //!
 //! Endpoints: `POST /v1/chat/completions`, `GET /metrics`, `GET /health`,
-//! `GET /health/circuits`, `GET /health/providers`. The binary adds the
-//! file watcher ([`reload_on_change`]), the probe loop
-//! ([`Gateway::probe_once`]) and graceful shutdown; without `--config` it
-//! serves [`demo::embedded`].
+//! `GET /health/circuits` (and `POST` for manual control, behind
+//! [`Gateway::set_admin_token`]), `GET /health/providers`. The binary adds
+//! the file watcher ([`reload_on_change`]), the probe loop
+//! ([`probe_loop`]), the admin token from `TOWER_LLM_GATEWAY_ADMIN_TOKEN`
+//! and graceful shutdown; without `--config` it serves
+//! [`demo::embedded`].
+//!
+//! # Feature flags
+//!
+//! None. The crate needs tokio's multi-threaded runtime, axum,
+//! tower-http, the OpenTelemetry SDK and Prometheus: the library crates
+//! of tower-llm never build them for it.
 
 mod admin;
 pub mod demo;

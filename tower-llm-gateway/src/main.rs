@@ -14,7 +14,11 @@
 //!   `stream: true` answers server-sent events), with `x-llm-provider`,
 //!   `x-llm-model-used` and `x-llm-attempts` headers.
 //! - `GET /metrics`, `GET /health`, `GET /health/circuits`,
-//!   `GET /health/providers`.
+//!   `GET /health/providers`; probes follow `[health]` of the running
+//!   policy.
+//! - `POST /health/circuits` (force a circuit open, close, reset it, probe
+//!   it) with `Authorization: Bearer $TOWER_LLM_GATEWAY_ADMIN_TOKEN`;
+//!   without that variable set the circuits are read-only.
 //! - The config file is reloaded on SIGHUP and when it changes (once it
 //!   has stayed unchanged for `server.reload_settle_ms`); an invalid file
 //!   is refused and the running policy stays.
