@@ -667,3 +667,42 @@ async fn a_link_s_own_first_token_timeout_cuts_a_slow_stream() {
     let a = h.chat(HELLO_STREAM).await;
     assert_eq!(a.header("x-llm-provider"), "primary");
 }
+
+#[tokio::test(start_paused = true)]
+async fn deadline_a_route_s_own_deadline_bounds_the_call() {
+    let route = format!("deadline_ms = 800\n{INLINE_CHAIN}");
+    let h = start_text(Reply::Hang, Reply::Hang, |p, b| text(p, b, "", "", &route)).await;
+    let started = Instant::now();
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 504, "{}", a.body);
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_millis(900),
+        "{took:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn stream_the_idle_timeout_ends_a_stalled_stream() {
+    let mut steps = tower_llm_providers::mock::openai_stream_steps(&["Hel"], false);
+    steps.push(tower_llm_providers::mock::Step::Stall);
+    let route = format!("{INLINE_CHAIN}\n[stream]\nidle_timeout_ms = 300");
+    let h = start_text(
+        Reply::sse_steps(steps),
+        Reply::anthropic_stream(&["b"]),
+        |p, b| text(p, b, "", "", &route),
+    )
+    .await;
+    let started = Instant::now();
+    let a = h.chat(HELLO_STREAM).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.header("x-llm-provider"), "primary");
+    assert!(a.body.contains("Hel"), "{}", a.body);
+    assert!(a.body.contains(r#""code":"timeout""#), "{}", a.body);
+    assert!(!a.body.contains("[DONE]"), "{}", a.body);
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_millis(400),
+        "{took:?}"
+    );
+}
