@@ -481,9 +481,25 @@ impl AdmitRule {
 
 /// The inbound HTTP headers of a request, in a [`ChatRequest`]'s
 /// extensions, for [`AdmitRule`]s. A server puts them there (the gateway
-/// does for every call); retry and fallback copies keep them.
-#[derive(Debug, Clone, Default)]
+/// does for every call); retry and fallback copies keep them. Its `Debug`
+/// shows the header names only (an `authorization` value must never reach
+/// a log).
+#[derive(Clone, Default)]
 pub struct InboundHeaders(pub http::HeaderMap);
+
+impl fmt::Debug for InboundHeaders {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("InboundHeaders")
+            .field(
+                &self
+                    .0
+                    .keys()
+                    .map(http::HeaderName::as_str)
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
 
 /// One `[[routes]]` entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -1826,6 +1842,17 @@ mod tests {
             problems(&both),
             ["retry.attempt_timeout_ms (5000) is longer than deadline.total_ms (1500)"]
         );
+    }
+
+    #[test]
+    fn inbound_headers_never_show_their_values() {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            "authorization",
+            http::HeaderValue::from_static("Bearer sk-secret"),
+        );
+        let shown = format!("{:?}", InboundHeaders(h));
+        assert_eq!(shown, r#"InboundHeaders(["authorization"])"#);
     }
 
     #[test]

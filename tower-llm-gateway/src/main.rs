@@ -151,7 +151,14 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let shutdown = async move {
         shutdown_signal().await;
         let policy = running.policy();
-        policy.server.body_read_timeout() + policy.deadline.total()
+        let longest = policy
+            .routes
+            .iter()
+            .filter_map(|r| policy.resolve(r).ok())
+            .map(|r| Duration::from_millis(r.total_ms))
+            .max()
+            .unwrap_or_else(|| policy.deadline.total());
+        policy.server.body_read_timeout() + longest
     };
     tower_llm_gateway::serve(listener, gateway.router(), limits, shutdown).await;
     tracing::info!(target: "gateway", "stopped");
