@@ -706,3 +706,26 @@ async fn stream_the_idle_timeout_ends_a_stalled_stream() {
         "{took:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_filtered_content_link_takes_a_content_filter_refusal() {
+    let refused = || Reply::openai_error(400, "content_filter", "The prompt was filtered");
+    let plain = start_text(refused(), Reply::anthropic_text("ok"), |p, b| {
+        text(p, b, "", "", INLINE_CHAIN)
+    })
+    .await;
+    let a = plain.chat(HELLO).await;
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert_eq!(a.json()["error"]["code"], "content_filtered");
+    assert_eq!(plain.backup.received().len(), 0);
+
+    let chain = r#"chain = [{ provider = "primary", model = "gpt-4o-mini" }, { provider = "backup", model = "claude-x", filtered_content = true }]"#;
+    let h = start_text(refused(), Reply::anthropic_text("ok"), |p, b| {
+        text(p, b, "", "", chain)
+    })
+    .await;
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("x-llm-provider"), "backup");
+    assert_eq!(h.primary.received().len(), 1);
+}
