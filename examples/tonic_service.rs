@@ -167,9 +167,8 @@ pub async fn run() -> Result<CompleteReply, Box<dyn std::error::Error>> {
     let addr = listener.local_addr()?;
     let incoming = tokio_stream_from(listener);
     tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(ChatServer { llm })
-            .serve_with_incoming(incoming),
+        // One service, so no router: tonic's server serves it directly.
+        tonic::transport::Server::builder().serve_with_incoming(ChatServer { llm }, incoming),
     );
 
     // A gRPC client calls `Complete` with a 10 s deadline.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end load test: the gateway example in release mode in front of a
+"""End-to-end load test: the gateway (tower-llm-gateway) in release mode in front of a
 zero-delay loopback provider, against the provider called directly.
 
     python3 scripts/e2e.py                 # both scenarios, 20 s per run
@@ -144,7 +144,7 @@ def scenario(name, oha_bin, seconds, rates):
     config.close()
     env = dict(os.environ, E2E_KEY="e2e-key")
     gateway = subprocess.Popen(
-        [f"{ROOT}/target/release/examples/gateway", "--config", config.name,
+        [f"{ROOT}/target/release/tower-llm-gateway", "--config", config.name,
          "--listen", f"127.0.0.1:{gw_port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     rows = []
@@ -190,7 +190,8 @@ def main():
     parser.add_argument("--scenario", choices=["healthy", "rate-limited", "both"], default="both")
     args = parser.parse_args()
     oha_bin = oha()
-    sh(["cargo", "build", "--release", "--example", "gateway", "--example", "mock_upstream"], cwd=ROOT)
+    sh(["cargo", "build", "--release", "-p", "tower-llm-gateway", "--bin", "tower-llm-gateway"], cwd=ROOT)
+    sh(["cargo", "build", "--release", "--example", "mock_upstream"], cwd=ROOT)
     rates = [int(r) for r in args.rates.split(",")]
     print(f"machine: {os.cpu_count()} CPUs; {args.seconds} s per run; oha on 64 connections")
     for name in (["healthy", "rate-limited"] if args.scenario == "both" else [args.scenario]):

@@ -2,8 +2,8 @@
 """The gateway's memory under 256 concurrent 1 MiB requests against a
 hanging upstream (issue: a global bound on memory in flight).
 
-    cargo build --release --example gateway
-    python3 scripts/rss.py [--binary target/release/examples/gateway] [--calls 256]
+    cargo build --release -p tower-llm-gateway
+    python3 scripts/rss.py [--binary target/release/tower-llm-gateway] [--calls 256]
 
 Starts a loopback upstream that accepts and never answers, the gateway in
 front of it (deadline 20 s, one attempt), then opens CALLS connections each
@@ -88,7 +88,7 @@ def call(port, body, results, i):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--binary", default="target/release/examples/gateway")
+    ap.add_argument("--binary", default="target/release/tower-llm-gateway")
     ap.add_argument("--calls", type=int, default=256)
     args = ap.parse_args()
 

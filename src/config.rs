@@ -17,7 +17,7 @@
 //!     jitter = 0.2
 //!
 //!     [breaker]
-//!     failure_threshold = 5
+//!     consecutive_failures = 5
 //!     cooldown_ms = 30000
 //!
 //!     [[providers]]
@@ -45,9 +45,20 @@
 //! assert!(err.to_string().contains("unknown provider \"nobody\""));
 //! ```
 //!
+//! `[deadline]` is the deadline layer's own [`DeadlineConfig`], `[retry]`
+//! the retry layer's [`RetryConfig`], `[breaker]` the breaker's
+//! [`BreakerConfig`] and `[stream]` the providers' [`StreamTimeouts`]: one
+//! name per setting in Rust, TOML and JSON, one validation (theirs).
+//! Retry, fallback and breaker policies can also be named once and used by
+//! routes, in seed 004's shape ([`OperationPolicy`], [`FallbackPolicyDoc`]). Routes add health-aware ordering and a
+//! degraded answer, links their own attempts and attempt timeout, the
+//! long-context and filtered-content roles and an [`AdmitRule`] on the
+//! request's [`InboundHeaders`]; providers their own connect and streaming
+//! timeouts.
+//!
 //! Every key is documented on the struct that holds it; a missing key takes
-//! its default, an unknown key is refused (a typo must not silently fall
-//! back to a default).
+//! its default, an unknown key is refused with its dotted path and line (a
+//! typo must not silently fall back to a default).
 
 use std::collections::HashSet;
 use std::fmt;
@@ -56,23 +67,31 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use tower::ServiceBuilder;
+use tower::ServiceExt as _;
 use tower::util::BoxCloneSyncService;
-use tower_llm_breaker::{BreakerConfig, BreakerCount, BreakerLayer};
+use tower_llm_breaker::{BreakerConfig, BreakerKey, BreakerLayer, KeyFn};
 
 use tower_llm_core::{
-    BoxError, ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics, Metrics,
-    RecordsAttempts,
+    BoxError, ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, FailurePolicy,
+    GenAiMetrics, Link, Metrics, RecordsAttempts,
 };
-use tower_llm_deadline::DeadlineLayer;
+use tower_llm_deadline::{DeadlineConfig, DeadlineLayer};
 use tower_llm_fallback::{FallbackLayer, LinkSpec};
 use tower_llm_providers::StreamTimeouts;
 use tower_llm_providers::{
     Anthropic, AnthropicConfig, ApiKey, AwsCredentials, Bedrock, BedrockConfig, OpenAi,
     OpenAiConfig, RequestBody,
 };
-use tower_llm_retry::{Backoff, Jitter, RetryLayer};
+use tower_llm_retry::{JitterSpec, NamedJitter, RetryConfig, RetryLayer};
 
 use crate::ServiceBuilderExt;
+
+mod named;
+
+pub use named::{
+    BackoffKind, CostLimit, DEFAULT_DEGRADED_TEXT, DEGRADED_TEMPLATE, FallbackPolicyDoc,
+    FallbackStep, Idempotency, NeverBypass, OperationPolicy, RISK_HEADER, SeedBackoff, SeedClass,
+};
 
 /// A whole policy: the file's top level.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -81,18 +100,25 @@ pub struct Policy {
     /// Where a gateway listens (`host:port`); optional.
     #[serde(default)]
     pub listen: Option<String>,
-    /// `[deadline]`: the call's total budget.
+    /// `[deadline]`: the deadline layer's own settings ([`DeadlineConfig`]):
+    /// the call's total budget.
     #[serde(default)]
-    pub deadline: DeadlinePolicy,
-    /// `[retry]`: attempts per link and the backoff between them.
+    pub deadline: DeadlineConfig,
+    /// `[retry]`: the retry layer's own settings ([`RetryConfig`]: the
+    /// same field names): attempts per link, their timeout, the backoff
+    /// and its jitter, the retry budget, `max_retry_after_ms`.
     #[serde(default)]
-    pub retry: RetryPolicy,
-    /// `[breaker]`: one circuit per provider and model.
+    pub retry: RetryConfig,
+    /// `[breaker]`: the breaker's own settings ([`BreakerConfig`]: the
+    /// same field names): consecutive, ratio-window and slow-call
+    /// triggers, cooldown and its growth, half-open probes, rate-limit
+    /// holds, what counts. One circuit per provider and model.
     #[serde(default)]
-    pub breaker: BreakerPolicy,
-    /// `[stream]`: the streaming timeouts.
+    pub breaker: BreakerConfig,
+    /// `[stream]`: the providers' own streaming timeouts
+    /// ([`StreamTimeouts`]: `first_token_timeout_ms`, `idle_timeout_ms`).
     #[serde(default)]
-    pub stream: StreamPolicy,
+    pub stream: StreamTimeouts,
     /// `[health]`: optional background probes of the providers.
     #[serde(default)]
     pub health: HealthPolicy,
@@ -106,244 +132,49 @@ pub struct Policy {
     /// `[[routes]]`: model aliases and their fallback chains.
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
-}
-
-/// `[deadline]`.
-///
-/// Unset keys are `None` and take their default, so a policy never
-/// contradicts itself through defaults: only values written in the file
-/// are checked against each other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DeadlinePolicy {
-    /// `total_ms`: the whole call's budget, every retry and failover
-    /// included (default 30,000).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub total_ms: Option<u64>,
-}
-
-impl DeadlinePolicy {
-    /// The default `total_ms`.
-    pub const DEFAULT_TOTAL_MS: u64 = 30_000;
-
-    /// `total_ms`, or its default.
-    pub fn total_ms(&self) -> u64 {
-        self.total_ms.unwrap_or(Self::DEFAULT_TOTAL_MS)
-    }
-
-    /// The call's budget.
-    pub fn total(&self) -> Duration {
-        Duration::from_millis(self.total_ms())
-    }
-}
-
-/// `[retry]`: `max_attempts` per link, each cut at `attempt_timeout_ms`,
-/// with an exponential backoff `min(base_ms · factor^n, max_ms)` and
-/// jitter between them.
-///
-/// The keys that are checked against others are `Option`s: unset, they
-/// take a default that fits what was written (an attempt is always cut at
-/// the call's remaining deadline anyway; an unset `max_ms` is never below
-/// a written `base_ms`, an unset `base_ms` never above a written
-/// `max_ms`).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RetryPolicy {
-    /// `max_attempts`: attempts per link, 1 to 16 (default 3).
-    pub max_attempts: u8,
-    /// `attempt_timeout_ms`: one attempt's limit (default 30,000, and
-    /// never past the call's deadline).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub attempt_timeout_ms: Option<u64>,
-    /// `base_ms`: the first backoff (default 200, or `max_ms` if that is
-    /// set lower).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub base_ms: Option<u64>,
-    /// `factor`: the backoff growth per retry, ≥ 1 (default 4).
-    pub factor: f64,
-    /// `max_ms`: the backoff cap (default 3,200, or `base_ms` if that is
-    /// set higher).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_ms: Option<u64>,
-    /// `jitter`: a fraction in `[0, 1]` (`0.2` is ±20 %), or `"equal"`,
-    /// `"full"`, `"none"` (default 0.2).
-    pub jitter: JitterSpec,
-    /// `min_attempt_ms`: a retry starts only if its wait plus this much
-    /// still fits before the deadline (default 1,000, or a quarter of
-    /// `deadline.total_ms` if that is less, so a short deadline still
-    /// leaves room for retries; see [`RetryLayer::with_min_attempt`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_attempt_ms: Option<u64>,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            max_attempts: 3,
-            attempt_timeout_ms: None,
-            base_ms: None,
-            factor: 4.0,
-            max_ms: None,
-            jitter: JitterSpec::Fraction(0.2),
-            min_attempt_ms: None,
-        }
-    }
-}
-
-/// The `jitter` key: a fraction or a named mode.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum JitterSpec {
-    /// ± this fraction of the delay.
-    Fraction(f64),
-    /// `"equal"` (`[e/2, e]`), `"full"` (`[0, e]`) or `"none"`.
-    Named(NamedJitter),
-}
-
-/// A named jitter mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NamedJitter {
-    /// Uniform in `[e/2, e]`.
-    Equal,
-    /// Uniform in `[0, e]`.
-    Full,
-    /// Exactly `e`.
-    None,
-}
-
-impl RetryPolicy {
-    /// The default `attempt_timeout_ms`.
-    pub const DEFAULT_ATTEMPT_TIMEOUT_MS: u64 = 30_000;
-    /// The default `base_ms`.
-    pub const DEFAULT_BASE_MS: u64 = 200;
-    /// The default `max_ms`.
-    pub const DEFAULT_MAX_MS: u64 = 3_200;
-
-    /// `attempt_timeout_ms`, or its default.
-    pub fn attempt_timeout_ms(&self) -> u64 {
-        self.attempt_timeout_ms
-            .unwrap_or(Self::DEFAULT_ATTEMPT_TIMEOUT_MS)
-    }
-
-    /// `base_ms`, or its default (never above a written `max_ms`).
-    pub fn base_ms(&self) -> u64 {
-        self.base_ms.unwrap_or_else(|| {
-            self.max_ms
-                .map_or(Self::DEFAULT_BASE_MS, |max| max.min(Self::DEFAULT_BASE_MS))
-        })
-    }
-
-    /// `max_ms`, or its default (never below a written `base_ms`).
-    pub fn max_ms(&self) -> u64 {
-        self.max_ms.unwrap_or_else(|| {
-            self.base_ms
-                .map_or(Self::DEFAULT_MAX_MS, |base| base.max(Self::DEFAULT_MAX_MS))
-        })
-    }
-
-    /// The backoff schedule.
-    ///
-    /// # Errors
-    ///
-    /// As [`Policy::validate`] reports them.
-    pub fn backoff(&self) -> Result<Backoff, String> {
-        let jitter = match self.jitter {
-            JitterSpec::Fraction(fraction) => Jitter::Proportional { fraction },
-            JitterSpec::Named(NamedJitter::Equal) => Jitter::Equal,
-            JitterSpec::Named(NamedJitter::Full) => Jitter::Full,
-            JitterSpec::Named(NamedJitter::None) => Jitter::None,
-        };
-        Backoff::exponential(
-            Duration::from_millis(self.base_ms()),
-            self.factor,
-            Duration::from_millis(self.max_ms()),
-            jitter,
-        )
-        .map_err(|e| format!("retry backoff: {e}"))
-    }
-}
-
-/// `[breaker]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct BreakerPolicy {
-    /// `failure_threshold`: tripping failures in a row that open a circuit
-    /// (default 5).
-    pub failure_threshold: u32,
-    /// `cooldown_ms`: how long an open circuit refuses calls before a probe
-    /// (default 30,000).
-    pub cooldown_ms: u64,
-    /// `half_open_probes`: successful probes that close it (default 1).
-    pub half_open_probes: u32,
-    /// `count`: `"attempts"` (default: every attempt counts, so with 3
-    /// attempts per call a threshold of 5 opens after 2 failed calls) or
-    /// `"calls"` (one outcome per logical call per link); see
-    /// [`BreakerCount`].
-    pub count: BreakerCount,
-}
-
-impl Default for BreakerPolicy {
-    fn default() -> Self {
-        BreakerPolicy {
-            failure_threshold: 5,
-            cooldown_ms: 30_000,
-            half_open_probes: 1,
-            count: BreakerCount::Attempts,
-        }
-    }
-}
-
-impl BreakerPolicy {
-    /// The breaker configuration.
-    pub fn config(&self) -> BreakerConfig {
-        BreakerConfig {
-            consecutive_failures: self.failure_threshold,
-            cooldown: Duration::from_millis(self.cooldown_ms),
-            half_open_probes: self.half_open_probes,
-            count: self.count,
-            ..BreakerConfig::default()
-        }
-    }
-}
-
-/// `[stream]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct StreamPolicy {
-    /// `first_token_timeout_ms` (default 30,000).
-    pub first_token_timeout_ms: u64,
-    /// `idle_timeout_ms`: the longest gap between chunks (default 30,000).
-    pub idle_timeout_ms: u64,
-}
-
-impl Default for StreamPolicy {
-    fn default() -> Self {
-        StreamPolicy {
-            first_token_timeout_ms: 30_000,
-            idle_timeout_ms: 30_000,
-        }
-    }
-}
-
-impl StreamPolicy {
-    /// The streaming timeouts.
-    pub fn timeouts(&self) -> StreamTimeouts {
-        StreamTimeouts {
-            first_token: Duration::from_millis(self.first_token_timeout_ms),
-            idle: Duration::from_millis(self.idle_timeout_ms),
-        }
-    }
+    /// `[[retry_policies]]`: named operation retry policies (seed 004's
+    /// first example), which routes name with `retry_policy`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retry_policies: Vec<OperationPolicy>,
+    /// `[[fallback_policies]]`: named fallback ladders (seed 004's second
+    /// example), which routes name with `fallback_policy`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallback_policies: Vec<FallbackPolicyDoc>,
+    /// `breaker_key`: what a circuit is keyed by, any of `"provider"`,
+    /// `"model"`, `"credential"` (the provider's `api_key_env`; AWS keys
+    /// for Bedrock), `"region"` (the provider's `region`). Default
+    /// `["provider", "model"]`: one circuit per provider and model.
+    /// `["provider"]` shares one circuit among a provider's models;
+    /// `["credential"]` makes providers that share a key share a circuit
+    /// (a revoked key opens them all); `["region"]` opens a whole region.
+    #[serde(default = "KeyPart::default_key")]
+    pub breaker_key: Vec<KeyPart>,
+    /// `[breaker_policies.NAME]`: named breaker settings (each a
+    /// [`BreakerConfig`]), which routes name with `breaker_policy`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub breaker_policies: std::collections::BTreeMap<String, BreakerConfig>,
 }
 
 /// `[health]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct HealthPolicy {
     /// `probe_interval_ms`: how often each provider with a `health_url` is
-    /// probed; 0 (the default) turns probes off.
-    #[serde(default)]
+    /// probed (all at once); 0 (the default) turns probes off. A reload
+    /// changes it.
     pub probe_interval_ms: u64,
+    /// `probe_timeout_ms`: how long one probe may take before it counts as
+    /// down (default 5,000).
+    pub probe_timeout_ms: u64,
+}
+
+impl Default for HealthPolicy {
+    fn default() -> Self {
+        HealthPolicy {
+            probe_interval_ms: 0,
+            probe_timeout_ms: 5_000,
+        }
+    }
 }
 
 /// `[server]`: the limits of a gateway's HTTP server.
@@ -532,6 +363,19 @@ pub struct ProviderConfig {
     /// `[health]`); optional.
     #[serde(default)]
     pub health_url: Option<String>,
+    /// `connect_timeout_ms`: this provider's TCP + TLS connect timeout
+    /// (default: the gateway's shared transport, 5,000). A provider with
+    /// its own gets its own connection pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout_ms: Option<u64>,
+    /// `first_token_timeout_ms`: this provider's streaming first-token
+    /// timeout (default: `[stream]`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_token_timeout_ms: Option<u64>,
+    /// `idle_timeout_ms`: this provider's streaming idle timeout (default:
+    /// `[stream]`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
     /// `max_completion_tokens`: send the token limit as
     /// `max_completion_tokens`, as OpenAI's o-series and gpt-5 models
     /// require (OpenAI only; default false).
@@ -539,7 +383,9 @@ pub struct ProviderConfig {
     pub max_completion_tokens: bool,
 }
 
-/// One link of a chain: `{ provider = "a", model = "gpt-4o-mini" }`.
+/// One link of a chain: `{ provider = "a", model = "gpt-4o-mini" }`,
+/// optionally with its own attempts and attempt timeout, the fallback
+/// layer's opt-in roles, and an admission rule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LinkConfig {
@@ -547,6 +393,112 @@ pub struct LinkConfig {
     pub provider: String,
     /// `model`: the model id sent to that provider.
     pub model: String,
+    /// `max_attempts`: this link's attempts, 1 to 16 (default: the
+    /// route's retry policy's). The retry budget stays the route's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u8>,
+    /// `attempt_timeout_ms`: this link's attempt timeout (default: the
+    /// route's retry policy's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_timeout_ms: Option<u64>,
+    /// `connect_timeout_ms`: this link's connect timeout (default: its
+    /// provider's). A link with its own gets its own connection pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_timeout_ms: Option<u64>,
+    /// `first_token_timeout_ms`: this link's streaming first-token timeout
+    /// (default: its provider's, else `[stream]`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_token_timeout_ms: Option<u64>,
+    /// `idle_timeout_ms`: this link's streaming idle timeout (default: its
+    /// provider's, else `[stream]`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_ms: Option<u64>,
+    /// `long_context`: a context-window failure of an earlier link fails
+    /// over to this one (`LinkSpec::serves_long_context`; default false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub long_context: bool,
+    /// `filtered_content`: a content-filter refusal of an earlier link
+    /// fails over to this one (`LinkSpec::allows_filtered_content`;
+    /// default false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub filtered_content: bool,
+    /// `admit`: only requests that pass this rule may use the link (data
+    /// residency, tenant rules); others skip it without calling it
+    /// (`skipped_by_policy` in the attempt log). Default: every request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admit: Option<AdmitRule>,
+    /// `requires_verification`: an answer served by this link is flagged
+    /// for the caller to verify (the gateway sends
+    /// `x-llm-requires-verification: true`; default false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub requires_verification: bool,
+}
+
+impl LinkConfig {
+    /// A link to `model` at `provider`, with no overrides.
+    pub fn new(provider: impl Into<String>, model: impl Into<String>) -> Self {
+        LinkConfig {
+            provider: provider.into(),
+            model: model.into(),
+            max_attempts: None,
+            attempt_timeout_ms: None,
+            connect_timeout_ms: None,
+            first_token_timeout_ms: None,
+            idle_timeout_ms: None,
+            long_context: false,
+            filtered_content: false,
+            admit: None,
+            requires_verification: false,
+        }
+    }
+}
+
+/// An admission rule on request metadata: `admit = { header =
+/// "x-tenant-region", any_of = ["eu-west-1", "eu-central-1"] }` lets a
+/// request use the link only when its inbound header `header` is one of
+/// `any_of` (exactly; header names are case-insensitive). A request without
+/// the header, or without [`InboundHeaders`], is not admitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmitRule {
+    /// `header`: the request header to read.
+    pub header: String,
+    /// `any_of`: the values that admit the request (at least one).
+    pub any_of: Vec<String>,
+}
+
+impl AdmitRule {
+    /// `true` when `req`'s [`InboundHeaders`] carry `header` with one of
+    /// `any_of`.
+    pub fn admits(&self, req: &ChatRequest) -> bool {
+        req.extensions
+            .get::<InboundHeaders>()
+            .and_then(|h| h.0.get(self.header.as_str()))
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| self.any_of.iter().any(|a| a == v))
+    }
+}
+
+/// The inbound HTTP headers of a request, in a [`ChatRequest`]'s
+/// extensions, for [`AdmitRule`]s. A server puts them there (the gateway
+/// does for every call); retry and fallback copies keep them. Its `Debug`
+/// shows the header names only (an `authorization` value must never reach
+/// a log).
+#[derive(Clone, Default)]
+pub struct InboundHeaders(pub http::HeaderMap);
+
+impl fmt::Debug for InboundHeaders {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("InboundHeaders")
+            .field(
+                &self
+                    .0
+                    .keys()
+                    .map(http::HeaderName::as_str)
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
 }
 
 /// One `[[routes]]` entry.
@@ -557,6 +509,199 @@ pub struct RouteConfig {
     pub model: String,
     /// `chain`: the links, primary first.
     pub chain: Vec<LinkConfig>,
+    /// `health_ordering_ms`: when failing over, try the alternates
+    /// healthiest first by their success rate and latency over this window
+    /// (`FallbackBuilder::with_health_ordering`; default off: the written
+    /// order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_ordering_ms: Option<u64>,
+    /// `degraded`: when every link failed (not on a deadline or a terminal
+    /// failure), answer with this text instead, flagged as degraded
+    /// (`FallbackBuilder::with_degraded`; default none: the failure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded: Option<String>,
+    /// `degraded_admit`: only requests that pass this rule get the
+    /// degraded answer; the others get the failure (default: every
+    /// request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub degraded_admit: Option<AdmitRule>,
+    /// `deadline_ms`: this route's call budget (default `[deadline]
+    /// total_ms`; with a retry or fallback policy, the smallest written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// `retry_policy`: the `operation` of a `[[retry_policies]]` entry,
+    /// whose settings replace `[retry]`'s (and `[deadline]`'s) on this
+    /// route, and whose `fallback_policy` and `breaker_policy` it uses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_policy: Option<String>,
+    /// `fallback_policy`: the `fallback_id` of a `[[fallback_policies]]`
+    /// ladder whose steps follow `chain`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_policy: Option<String>,
+    /// `breaker_policy`: a `[breaker_policies.NAME]` used instead of
+    /// `[breaker]` on this route's links. A circuit shared by two routes is
+    /// judged, on each call, by the settings of the route it came through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker_policy: Option<String>,
+}
+
+impl RouteConfig {
+    /// A route `model` over `chain`, with nothing else set.
+    pub fn new(model: impl Into<String>, chain: Vec<LinkConfig>) -> Self {
+        RouteConfig {
+            model: model.into(),
+            chain,
+            health_ordering_ms: None,
+            degraded: None,
+            degraded_admit: None,
+            deadline_ms: None,
+            retry_policy: None,
+            fallback_policy: None,
+            breaker_policy: None,
+        }
+    }
+}
+
+/// A route with its named policies applied: what
+/// [`Policy::build_route`] builds. See [`Policy::resolve`].
+#[derive(Debug, Clone)]
+pub struct ResolvedRoute {
+    /// The links: the route's `chain`, then its fallback policy's steps.
+    pub chain: Vec<LinkConfig>,
+    /// The retry settings: `[retry]`, or the route's retry policy over it.
+    pub retry: RetryConfig,
+    /// Which classes are retried, when a retry policy says (`retryable`).
+    pub retry_failures: Option<FailurePolicy>,
+    /// Which classes fail over, when a fallback policy says (`trigger`).
+    pub fallback_failures: Option<FailurePolicy>,
+    /// The breaker settings: `[breaker]`, or the route's breaker policy.
+    pub breaker: BreakerConfig,
+    /// The call's budget.
+    pub total_ms: u64,
+    /// Whether a deadline was written for the route (anywhere), so its
+    /// links' attempt timeouts are checked against it.
+    pub deadline_written: bool,
+    /// The degraded answer, if any.
+    pub degraded: Option<String>,
+    /// Who may get it (default everyone).
+    pub degraded_admit: Option<AdmitRule>,
+}
+
+/// What a route's stack answers: a unary [`ChatResponse`] or a
+/// [`ChatStream`]. [`degraded`](Self::degraded) builds a route's degraded
+/// answer.
+pub trait RouteAnswer: RecordsAttempts + Send + 'static {
+    /// An answer of `text` in the name of `route` (the provider reads
+    /// `degraded`).
+    fn degraded(route: &str, text: &str) -> Self;
+
+    /// `true` for a degraded answer.
+    fn is_degraded(&self) -> bool;
+}
+
+impl RouteAnswer for ChatResponse {
+    fn degraded(route: &str, text: &str) -> Self {
+        ChatResponse {
+            id: String::from("degraded"),
+            model: route.to_owned(),
+            provider: Arc::from("degraded"),
+            fallback_position: 0,
+            degraded: true,
+            idempotent_replayed: false,
+            choices: vec![tower_llm_core::Choice {
+                index: 0,
+                text: text.to_owned(),
+                tool_calls: Vec::new(),
+                finish_reason: tower_llm_core::FinishReason::Stop,
+            }],
+            usage: tower_llm_core::Usage::default(),
+            latency: Duration::ZERO,
+            attempts: Vec::new(),
+        }
+    }
+
+    fn is_degraded(&self) -> bool {
+        self.degraded
+    }
+}
+
+impl RouteAnswer for ChatStream {
+    fn degraded(route: &str, text: &str) -> Self {
+        let chunk = tower_llm_core::ChatChunk {
+            text: Some(text.to_owned()),
+            finish_reason: Some(tower_llm_core::FinishReason::Stop),
+            ..tower_llm_core::ChatChunk::default()
+        };
+        ChatStream::from_chunks("degraded", route, vec![Ok(chunk)])
+    }
+
+    fn is_degraded(&self) -> bool {
+        ChatStream::is_degraded(self)
+    }
+}
+
+/// One part of a circuit's key (`breaker_key`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyPart {
+    /// The provider's `name`.
+    Provider,
+    /// The link's model.
+    Model,
+    /// The provider's credential: its `api_key_env` (Bedrock:
+    /// `AWS_ACCESS_KEY_ID`).
+    Credential,
+    /// The provider's `region` (none for a provider without one).
+    Region,
+}
+
+impl KeyPart {
+    /// The default `breaker_key`: provider and model.
+    pub fn default_key() -> Vec<KeyPart> {
+        vec![KeyPart::Provider, KeyPart::Model]
+    }
+}
+
+/// The breaker key function of a policy's route: the default
+/// [`LinkKey`](tower_llm_breaker::LinkKey) (provider and model), or one
+/// made from `breaker_key` for each of the route's links.
+#[derive(Debug, Clone)]
+pub struct PolicyKey {
+    keys: Option<Arc<[LinkKeyEntry]>>,
+}
+
+/// A link (provider, model) and its circuit's key.
+type LinkKeyEntry = (Arc<str>, Arc<str>, BreakerKey);
+
+impl PolicyKey {
+    fn of(&self, link: &Link) -> Option<&BreakerKey> {
+        self.keys
+            .as_deref()?
+            .iter()
+            .find_map(|(p, m, k)| (**p == *link.provider() && **m == *link.model()).then_some(k))
+    }
+}
+
+impl KeyFn<ChatRequest> for PolicyKey {
+    fn key(&self, req: &ChatRequest, default: &Link) -> BreakerKey {
+        let link = Link::of(req).unwrap_or(default);
+        self.of(link)
+            .cloned()
+            .unwrap_or_else(|| BreakerKey::from_link(link))
+    }
+
+    fn with_key<R>(
+        &self,
+        req: &ChatRequest,
+        default: &Link,
+        f: impl FnOnce(tower_llm_breaker::KeyView<'_>) -> R,
+    ) -> R {
+        let link = Link::of(req).unwrap_or(default);
+        match self.of(link) {
+            Some(key) => f(key.view()),
+            None => tower_llm_breaker::LinkKey.with_key(req, default, f),
+        }
+    }
 }
 
 /// Why a policy was refused: every problem found, one per line.
@@ -593,10 +738,15 @@ impl Policy {
     ///
     /// # Errors
     ///
-    /// A syntax error or an unknown key (with its line), or every problem
-    /// [`validate`](Self::validate) finds.
+    /// A syntax error (with its line), an unknown key or a value of the
+    /// wrong type (with its dotted path, `routes[0].chain[1].admit`, and
+    /// its line), or every problem [`validate`](Self::validate) finds.
     pub fn from_toml(text: &str) -> Result<Policy, ConfigError> {
-        let policy: Policy = toml::from_str(text).map_err(|e| ConfigError::new(e.to_string()))?;
+        let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::new(e.to_string()))?;
+        let policy: Policy = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            ConfigError::new(format!("at {path}: {}", e.into_inner()))
+        })?;
         policy.validate()?;
         Ok(policy)
     }
@@ -607,8 +757,12 @@ impl Policy {
     ///
     /// As [`from_toml`](Self::from_toml).
     pub fn from_json(text: &str) -> Result<Policy, ConfigError> {
-        let policy: Policy =
-            serde_json::from_str(text).map_err(|e| ConfigError::new(e.to_string()))?;
+        let mut de = serde_json::Deserializer::from_str(text);
+        let policy: Policy = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            ConfigError::new(format!("at {path}: {}", e.into_inner()))
+        })?;
+        de.end().map_err(|e| ConfigError::new(e.to_string()))?;
         policy.validate()?;
         Ok(policy)
     }
@@ -623,27 +777,21 @@ impl Policy {
     /// Every problem found, not just the first.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut p = Vec::new();
-        if self.deadline.total_ms == Some(0) {
-            p.push("deadline.total_ms must be above 0".to_owned());
+        if let Err(e) = self.deadline.validate() {
+            p.push(format!("deadline.{e}"));
         }
         let r = &self.retry;
-        if r.max_attempts == 0
-            || usize::from(r.max_attempts) > tower_llm_core::MAX_ATTEMPTS_PER_CALL
-        {
-            p.push(format!(
-                "retry.max_attempts must be 1 to {}, not {}",
-                tower_llm_core::MAX_ATTEMPTS_PER_CALL,
-                r.max_attempts
-            ));
+        if let Err(e) = r.validate() {
+            p.extend(e.problems().iter().map(|e| format!("retry.{e}")));
         }
         // Only values written in the file are checked against each other:
-        // an unset key's default always fits (see the structs' docs).
-        match (r.attempt_timeout_ms, self.deadline.total_ms) {
-            (Some(0), _) => p.push("retry.attempt_timeout_ms must be above 0".to_owned()),
-            (Some(attempt), Some(total)) if total > 0 && attempt > total => p.push(format!(
-                "retry.attempt_timeout_ms ({attempt}) is longer than deadline.total_ms ({total})"
-            )),
-            _ => {}
+        // an unset key's default always fits (see `RetryConfig`).
+        if let (Some(attempt), Some(total)) = (r.attempt_timeout_ms, self.deadline.total_ms) {
+            if attempt > 0 && total > 0 && attempt > total {
+                p.push(format!(
+                    "retry.attempt_timeout_ms ({attempt}) is longer than deadline.total_ms ({total})"
+                ));
+            }
         }
         if let (Some(min), Some(total)) = (r.min_attempt_ms, self.deadline.total_ms) {
             if min >= total {
@@ -652,26 +800,14 @@ impl Policy {
                 ));
             }
         }
-        if r.base_ms() > r.max_ms() {
-            p.push(format!(
-                "retry.base_ms ({}) is above retry.max_ms ({})",
-                r.base_ms(),
-                r.max_ms()
-            ));
-        } else if let Err(e) = r.backoff() {
-            p.push(e);
+        if let Err(e) = self.breaker.validate() {
+            p.push(format!("breaker.{e}"));
         }
-        if self.breaker.failure_threshold == 0 {
-            p.push("breaker.failure_threshold must be above 0".to_owned());
+        if self.health.probe_timeout_ms == 0 {
+            p.push("health.probe_timeout_ms must be above 0".to_owned());
         }
-        if self.breaker.cooldown_ms == 0 {
-            p.push("breaker.cooldown_ms must be above 0".to_owned());
-        }
-        if self.breaker.half_open_probes == 0 {
-            p.push("breaker.half_open_probes must be above 0".to_owned());
-        }
-        if self.stream.first_token_timeout_ms == 0 || self.stream.idle_timeout_ms == 0 {
-            p.push("stream timeouts must be above 0".to_owned());
+        if let Err(e) = self.stream.validate() {
+            p.push(format!("stream.{e}"));
         }
         let mut names = HashSet::new();
         for provider in &self.providers {
@@ -680,6 +816,18 @@ impl Policy {
             }
             if !names.insert(provider.name.as_str()) {
                 p.push(format!("duplicate provider \"{}\"", provider.name));
+            }
+            for (key, value) in [
+                ("connect_timeout_ms", provider.connect_timeout_ms),
+                ("first_token_timeout_ms", provider.first_token_timeout_ms),
+                ("idle_timeout_ms", provider.idle_timeout_ms),
+            ] {
+                if value == Some(0) {
+                    p.push(format!(
+                        "provider \"{}\": {key} must be above 0",
+                        provider.name
+                    ));
+                }
             }
             if provider.max_concurrency == Some(0) {
                 p.push(format!(
@@ -715,6 +863,32 @@ impl Policy {
         if self.routes.is_empty() {
             p.push("the policy has no routes ([[routes]])".to_owned());
         }
+        if self.breaker_key.is_empty() {
+            p.push("breaker_key is empty (a circuit needs a key)".to_owned());
+        }
+        let mut parts = HashSet::new();
+        for part in &self.breaker_key {
+            if !parts.insert(part) {
+                p.push(format!("breaker_key names {part:?} twice"));
+            }
+        }
+        let mut seen = HashSet::new();
+        for op in &self.retry_policies {
+            if !seen.insert(op.operation.as_str()) {
+                p.push(format!("duplicate retry policy \"{}\"", op.operation));
+            }
+        }
+        let mut seen = HashSet::new();
+        for doc in &self.fallback_policies {
+            if !seen.insert(doc.fallback_id.as_str()) {
+                p.push(format!("duplicate fallback policy \"{}\"", doc.fallback_id));
+            }
+        }
+        for (name, breaker) in &self.breaker_policies {
+            if let Err(e) = breaker.validate() {
+                p.push(format!("breaker_policies.{name}.{e}"));
+            }
+        }
         let mut routes = HashSet::new();
         for route in &self.routes {
             if !routes.insert(route.model.as_str()) {
@@ -723,8 +897,77 @@ impl Policy {
             if route.chain.is_empty() {
                 p.push(format!("route \"{}\" has an empty chain", route.model));
             }
+            if route.health_ordering_ms == Some(0) {
+                p.push(format!(
+                    "route \"{}\": health_ordering_ms must be above 0",
+                    route.model
+                ));
+            }
+            if route.deadline_ms == Some(0) {
+                p.push(format!(
+                    "route \"{}\": deadline_ms must be above 0",
+                    route.model
+                ));
+            }
+            if let Some(rule) = &route.degraded_admit {
+                check_rule(
+                    rule,
+                    &format!("route \"{}\": degraded_admit", route.model),
+                    &mut p,
+                );
+            }
+            let resolved = match self.resolve(route) {
+                Ok(r) => r,
+                Err(e) => {
+                    p.extend(e.problems);
+                    continue;
+                }
+            };
+            if route.retry_policy.is_some() {
+                if let Err(e) = resolved.retry.validate() {
+                    p.extend(
+                        e.problems()
+                            .iter()
+                            .map(|e| format!("route \"{}\": retry policy: {e}", route.model)),
+                    );
+                }
+            }
             let mut links = HashSet::new();
-            for link in &route.chain {
+            for link in &resolved.chain {
+                let at = format!(
+                    "route \"{}\": link {}/{}",
+                    route.model, link.provider, link.model
+                );
+                if let Some(n) = link.max_attempts {
+                    if n == 0 || usize::from(n) > tower_llm_core::MAX_ATTEMPTS_PER_CALL {
+                        p.push(format!(
+                            "{at}: max_attempts must be 1 to {}, not {n}",
+                            tower_llm_core::MAX_ATTEMPTS_PER_CALL
+                        ));
+                    }
+                }
+                match link.attempt_timeout_ms {
+                    Some(0) => p.push(format!("{at}: attempt_timeout_ms must be above 0")),
+                    Some(attempt) if resolved.deadline_written && attempt > resolved.total_ms => {
+                        p.push(format!(
+                            "{at}: attempt_timeout_ms ({attempt}) is longer than the route's deadline ({})",
+                            resolved.total_ms
+                        ));
+                    }
+                    _ => {}
+                }
+                for (key, value) in [
+                    ("connect_timeout_ms", link.connect_timeout_ms),
+                    ("first_token_timeout_ms", link.first_token_timeout_ms),
+                    ("idle_timeout_ms", link.idle_timeout_ms),
+                ] {
+                    if value == Some(0) {
+                        p.push(format!("{at}: {key} must be above 0"));
+                    }
+                }
+                if let Some(rule) = &link.admit {
+                    check_rule(rule, &format!("{at}: admit"), &mut p);
+                }
                 if !names.contains(link.provider.as_str()) {
                     p.push(format!(
                         "route \"{}\": unknown provider \"{}\"",
@@ -741,6 +984,281 @@ impl Policy {
         }
         if p.is_empty() {
             Ok(())
+        } else {
+            Err(ConfigError { problems: p })
+        }
+    }
+
+    /// The breaker key function for `chain` under `breaker_key`.
+    pub fn breaker_key_fn(&self, chain: &[LinkConfig]) -> PolicyKey {
+        if self.breaker_key == KeyPart::default_key() {
+            return PolicyKey { keys: None };
+        }
+        let keys = chain
+            .iter()
+            .map(|link| {
+                let provider = self.provider(&link.provider);
+                let has = |part| self.breaker_key.contains(&part);
+                let mut scope = Vec::new();
+                if has(KeyPart::Credential) {
+                    let credential = provider.and_then(|p| match p.kind {
+                        ProviderKind::Bedrock => Some("AWS_ACCESS_KEY_ID"),
+                        _ => p.api_key_env.as_deref(),
+                    });
+                    scope.push(format!("credential={}", credential.unwrap_or("")));
+                }
+                if has(KeyPart::Region) {
+                    let region = provider.and_then(|p| p.region.as_deref());
+                    scope.push(format!("region={}", region.unwrap_or("")));
+                }
+                let key = BreakerKey::new(
+                    if has(KeyPart::Provider) {
+                        link.provider.as_str()
+                    } else {
+                        "*"
+                    },
+                    if has(KeyPart::Model) {
+                        link.model.as_str()
+                    } else {
+                        "*"
+                    },
+                );
+                let key = if scope.is_empty() {
+                    key
+                } else {
+                    key.with_scope(scope.join(","))
+                };
+                (
+                    Arc::from(link.provider.as_str()),
+                    Arc::from(link.model.as_str()),
+                    key,
+                )
+            })
+            .collect();
+        PolicyKey { keys: Some(keys) }
+    }
+
+    /// `route` with its named policies applied: its retry policy's settings
+    /// over `[retry]` (and its `deadline_ms`), its fallback policy's steps
+    /// after its `chain` (a `DEGRADED_TEMPLATE` step as its degraded
+    /// answer, `allowed_for_risk` as a rule on the `x-llm-risk` header),
+    /// its breaker policy instead of `[breaker]`, and its deadline: the
+    /// smallest of the route's `deadline_ms`, the retry policy's
+    /// `deadline_ms` and the fallback policy's `max_total_latency_ms`, or
+    /// `[deadline] total_ms`.
+    ///
+    /// # Errors
+    ///
+    /// A named policy that does not exist, a route and its retry policy
+    /// naming different fallback or breaker policies, a step target that
+    /// is not `provider/model`, a degraded step that is not last or that
+    /// meets a route `degraded`, a class a list may not name, a
+    /// `max_total_cost` other than `"..."`.
+    pub fn resolve(&self, route: &RouteConfig) -> Result<ResolvedRoute, ConfigError> {
+        let at = format!("route \"{}\"", route.model);
+        let mut p = Vec::new();
+        let op = match &route.retry_policy {
+            None => None,
+            Some(name) => {
+                let op = self.retry_policies.iter().find(|o| &o.operation == name);
+                if op.is_none() {
+                    p.push(format!("{at}: unknown retry_policy \"{name}\""));
+                }
+                op
+            }
+        };
+        let mut pick = |key: &str, own: &Option<String>, via: Option<&Option<String>>| match (
+            own,
+            via.and_then(Option::as_ref),
+        ) {
+            (Some(a), Some(b)) if a != b => {
+                p.push(format!(
+                    "{at}: {key} \"{a}\" contradicts its retry policy's \"{b}\""
+                ));
+                None
+            }
+            (Some(a), _) => Some(a.clone()),
+            (None, b) => b.cloned(),
+        };
+        let fallback_name = pick(
+            "fallback_policy",
+            &route.fallback_policy,
+            op.map(|o| &o.fallback_policy),
+        );
+        let breaker_name = pick(
+            "breaker_policy",
+            &route.breaker_policy,
+            op.map(|o| &o.breaker_policy),
+        );
+        let doc = fallback_name.as_ref().and_then(|name| {
+            let doc = self
+                .fallback_policies
+                .iter()
+                .find(|d| &d.fallback_id == name);
+            if doc.is_none() {
+                p.push(format!("{at}: unknown fallback_policy \"{name}\""));
+            }
+            doc
+        });
+        let breaker = match &breaker_name {
+            None => self.breaker,
+            Some(name) => match self.breaker_policies.get(name) {
+                Some(b) => *b,
+                None => {
+                    p.push(format!("{at}: unknown breaker_policy \"{name}\""));
+                    self.breaker
+                }
+            },
+        };
+
+        let mut retry = self.retry;
+        let mut retry_failures = None;
+        if let Some(op) = op {
+            let at = format!("retry policy \"{}\"", op.operation);
+            if let Some(n) = op.max_attempts {
+                retry.max_attempts = n;
+            }
+            if let Some(ms) = op.attempt_timeout_ms {
+                retry.attempt_timeout_ms = Some(ms);
+            }
+            if let Some(b) = op.backoff {
+                retry.base_ms = Some(b.base_ms);
+                retry.max_ms = Some(b.max_ms.unwrap_or(b.base_ms));
+                let (factor, jitter) = match b.kind {
+                    BackoffKind::ExponentialJitter => (2.0, NamedJitter::Full),
+                    BackoffKind::Exponential => (2.0, NamedJitter::None),
+                    BackoffKind::Fixed => (1.0, NamedJitter::None),
+                };
+                retry.factor = factor;
+                retry.jitter = JitterSpec::Named(jitter);
+            }
+            if let Some(list) = &op.retryable {
+                for class in list {
+                    if !SeedClass::RETRYABLE.contains(class) {
+                        p.push(format!(
+                            "{at}: retryable: {class:?} is never retried on the same link (TIMEOUT, UNAVAILABLE and RATE_LIMITED can be)"
+                        ));
+                    }
+                }
+                retry_failures = Some(named::policy_for(list, &SeedClass::RETRYABLE, |d, on| {
+                    d.retry = on;
+                }));
+            }
+            if op.deadline_ms == Some(0) {
+                p.push(format!("{at}: deadline_ms must be above 0"));
+            }
+        }
+
+        let mut chain = route.chain.clone();
+        let mut degraded = route.degraded.clone();
+        let mut degraded_admit = route.degraded_admit.clone();
+        let mut fallback_failures = None;
+        if let Some(doc) = doc {
+            let at = format!("fallback policy \"{}\"", doc.fallback_id);
+            if let Some(list) = &doc.trigger {
+                for class in list {
+                    if !SeedClass::TRIGGERS.contains(class) {
+                        p.push(format!(
+                            "{at}: trigger: {class:?} cannot be a trigger (mark a link long_context or filtered_content instead)"
+                        ));
+                    }
+                }
+                fallback_failures = Some(named::policy_for(list, &SeedClass::TRIGGERS, |d, on| {
+                    d.failover = on;
+                }));
+            }
+            match &doc.max_total_cost {
+                None => {}
+                Some(CostLimit::Text(t)) if t == "..." => {}
+                Some(other) => p.push(format!(
+                    "{at}: max_total_cost {other:?} is not supported: tower-llm does not price calls (leave it out, or \"...\")"
+                )),
+            }
+            if doc.max_total_latency_ms == Some(0) {
+                p.push(format!("{at}: max_total_latency_ms must be above 0"));
+            }
+            if doc.steps.is_empty() {
+                p.push(format!("{at}: steps is empty"));
+            }
+            for (i, step) in doc.steps.iter().enumerate() {
+                let at = format!("{at}: steps[{i}]");
+                if step.target == DEGRADED_TEMPLATE {
+                    if i + 1 != doc.steps.len() {
+                        p.push(format!("{at}: DEGRADED_TEMPLATE must be the last step"));
+                    }
+                    if degraded.is_some() {
+                        p.push(format!(
+                            "{at}: DEGRADED_TEMPLATE meets the route's own `degraded`"
+                        ));
+                    }
+                    if step.max_attempts.is_some() || step.requires_verification {
+                        p.push(format!(
+                            "{at}: max_attempts and requires_verification mean nothing on DEGRADED_TEMPLATE"
+                        ));
+                    }
+                    degraded = Some(
+                        step.text
+                            .clone()
+                            .unwrap_or_else(|| DEFAULT_DEGRADED_TEXT.to_owned()),
+                    );
+                    if let Some(risks) = &step.allowed_for_risk {
+                        if degraded_admit.is_some() {
+                            p.push(format!(
+                                "{at}: allowed_for_risk meets the route's own `degraded_admit`"
+                            ));
+                        }
+                        degraded_admit = Some(AdmitRule {
+                            header: RISK_HEADER.to_owned(),
+                            any_of: risks.clone(),
+                        });
+                    }
+                    continue;
+                }
+                if step.allowed_for_risk.is_some() || step.text.is_some() {
+                    p.push(format!(
+                        "{at}: allowed_for_risk and text belong to a DEGRADED_TEMPLATE step only"
+                    ));
+                }
+                match step.target.split_once('/') {
+                    Some((provider, model)) if !provider.is_empty() && !model.is_empty() => {
+                        chain.push(LinkConfig {
+                            max_attempts: step.max_attempts,
+                            requires_verification: step.requires_verification,
+                            ..LinkConfig::new(provider, model)
+                        });
+                    }
+                    _ => p.push(format!(
+                        "{at}: target {:?} is neither \"provider/model\" nor DEGRADED_TEMPLATE",
+                        step.target
+                    )),
+                }
+            }
+        }
+
+        let written = [
+            route.deadline_ms,
+            op.and_then(|o| o.deadline_ms),
+            doc.and_then(|d| d.max_total_latency_ms),
+        ];
+        let deadline_written =
+            self.deadline.total_ms.is_some() || written.iter().any(Option::is_some);
+        let total_ms = written
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or_else(|| self.deadline.total_ms());
+        if p.is_empty() {
+            Ok(ResolvedRoute {
+                chain,
+                retry,
+                retry_failures,
+                fallback_failures,
+                breaker,
+                total_ms,
+                deadline_written,
+                degraded,
+                degraded_admit,
+            })
         } else {
             Err(ConfigError { problems: p })
         }
@@ -775,12 +1293,13 @@ impl Policy {
     ///
     /// An invalid backoff (never for a validated policy).
     pub fn retry_layer(&self) -> Result<RetryLayer, ConfigError> {
-        let backoff = self.retry.backoff().map_err(ConfigError::new)?;
-        Ok(RetryLayer::new()
-            .with_max_attempts(self.retry.max_attempts)
-            .with_attempt_timeout(Duration::from_millis(self.retry.attempt_timeout_ms()))
-            .with_min_attempt(Duration::from_millis(self.min_attempt_ms()))
-            .with_backoff(backoff))
+        let retry = RetryConfig {
+            min_attempt_ms: Some(self.min_attempt_ms()),
+            ..self.retry
+        };
+        RetryLayer::new()
+            .with_config(&retry)
+            .map_err(|e| ConfigError::new(format!("retry: {e}")))
     }
 
     /// `breaker` with this policy's breaker settings (keep passing the same
@@ -791,14 +1310,16 @@ impl Policy {
     /// Settings the breaker refuses.
     pub fn breaker_layer(&self, breaker: BreakerLayer) -> Result<BreakerLayer, ConfigError> {
         breaker
-            .with_config(self.breaker.config())
+            .with_config(self.breaker)
             .map_err(|e| ConfigError::new(e.to_string()))
     }
 
-    /// The stack of `route`: deadline → fallback along its chain → per link
-    /// retry → breaker → the provider service `provider` gives for the
-    /// link's provider (called once per link; the model is rewritten to the
-    /// link's).
+    /// The stack of `route` as [`resolve`](Self::resolve) makes it:
+    /// deadline → fallback along its chain → per link retry → breaker →
+    /// the provider service `provider` gives for the link's provider and
+    /// the link (called once per link; the model is rewritten to the
+    /// link's; [`ProviderConfig::for_link`] gives the provider with the
+    /// link's own timeouts).
     ///
     /// Works for unary (`Res = ChatResponse`) and streaming
     /// (`Res = ChatStream`) provider services alike.
@@ -812,23 +1333,58 @@ impl Policy {
         route: &RouteConfig,
         breaker: &BreakerLayer,
         metrics: Metrics,
-        mut provider: impl FnMut(&ProviderConfig) -> RouteService<Res>,
+        mut provider: impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
     ) -> Result<RouteService<Res>, ConfigError>
     where
-        Res: RecordsAttempts + Send + 'static,
+        Res: RouteAnswer,
     {
-        let retry = self.retry_layer()?;
-        let breaker = self.breaker_layer(breaker.clone())?;
-        let mut links = Vec::with_capacity(route.chain.len());
-        for link in &route.chain {
+        let r = self.resolve(route)?;
+        let min_attempt = r
+            .retry
+            .min_attempt_ms
+            .unwrap_or_else(|| 1_000.min(r.total_ms / 4));
+        let mut retry = RetryLayer::new()
+            .with_config(&RetryConfig {
+                min_attempt_ms: Some(min_attempt),
+                ..r.retry
+            })
+            .map_err(|e| ConfigError::new(format!("route \"{}\": retry: {e}", route.model)))?;
+        if let Some(failures) = r.retry_failures {
+            retry = retry.with_failure_policy(failures);
+        }
+        let breaker = breaker
+            .clone()
+            .with_config(r.breaker)
+            .map_err(|e| ConfigError::new(format!("route \"{}\": {e}", route.model)))?
+            .with_key_fn(self.breaker_key_fn(&r.chain));
+        let mut links = Vec::with_capacity(r.chain.len());
+        for link in &r.chain {
             let config = self.provider(&link.provider).ok_or_else(|| {
                 ConfigError::new(format!("unknown provider \"{}\"", link.provider))
             })?;
+            // Overrides keep the route's retry budget (a clone shares it).
+            let mut link_retry = retry.clone();
+            if let Some(n) = link.max_attempts {
+                link_retry = link_retry.with_max_attempts(n);
+            }
+            if let Some(ms) = link.attempt_timeout_ms {
+                link_retry = link_retry.with_attempt_timeout(Duration::from_millis(ms));
+            }
             let svc = ServiceBuilder::new()
-                .llm_retry(retry.clone())
+                .llm_retry(link_retry)
                 .llm_breaker(breaker.clone())
-                .service(provider(config));
-            let spec = LinkSpec::new(link.provider.as_str(), link.model.as_str()).rewrite_model();
+                .service(provider(config, link));
+            let mut spec =
+                LinkSpec::new(link.provider.as_str(), link.model.as_str()).rewrite_model();
+            if link.long_context {
+                spec = spec.serves_long_context();
+            }
+            if link.filtered_content {
+                spec = spec.allows_filtered_content();
+            }
+            if let Some(rule) = link.admit.clone() {
+                spec = spec.with_admission(move |req: &ChatRequest| rule.admits(req));
+            }
             links.push((spec, BoxCloneSyncService::new(svc)));
         }
         let mut links = links.into_iter();
@@ -842,14 +1398,64 @@ impl Policy {
         for (spec, svc) in links {
             chain = chain.or(spec, svc);
         }
+        if let Some(failures) = r.fallback_failures {
+            chain = chain.with_failure_policy(failures);
+        }
+        if let Some(ms) = route.health_ordering_ms {
+            chain = chain.with_health_ordering(Duration::from_millis(ms));
+        }
+        if let Some(text) = r.degraded.clone() {
+            let alias = route.model.clone();
+            chain = chain.with_degraded(move |_| Res::degraded(&alias, &text));
+        }
         let fallback = chain
             .build()
             .map_err(|e| ConfigError::new(format!("route \"{}\": {e}", route.model)))?;
-        let svc = ServiceBuilder::new()
-            .layer(self.deadline_layer(metrics))
-            .llm_fallback(fallback)
-            .service(primary);
-        Ok(BoxCloneSyncService::new(svc))
+        let svc = BoxCloneSyncService::new(
+            ServiceBuilder::new()
+                .layer(DeadlineLayer::new(Duration::from_millis(r.total_ms)).with_metrics(metrics))
+                .llm_fallback(fallback)
+                .service(primary),
+        );
+        Ok(match r.degraded_admit {
+            None => svc,
+            Some(rule) => degraded_only_for(svc, rule),
+        })
+    }
+}
+
+/// `svc`, whose degraded answers go only to requests `rule` admits; the
+/// others get a failure (`transient`: every link failed) instead.
+fn degraded_only_for<Res: RouteAnswer>(
+    svc: RouteService<Res>,
+    rule: AdmitRule,
+) -> RouteService<Res> {
+    let rule = Arc::new(rule);
+    BoxCloneSyncService::new(tower::service_fn(move |req: ChatRequest| {
+        let allowed = rule.admits(&req);
+        let svc = svc.clone();
+        async move {
+            let res = svc.oneshot(req).await?;
+            if res.is_degraded() && !allowed {
+                return Err(Failure::new(FailureClass::Transient).with_message(
+                    "every link failed, and this request may not get the degraded answer",
+                ));
+            }
+            Ok(res)
+        }
+    }))
+}
+
+/// Checks an admission rule.
+fn check_rule(rule: &AdmitRule, at: &str, p: &mut Vec<String>) {
+    if http::HeaderName::from_bytes(rule.header.as_bytes()).is_err() {
+        p.push(format!(
+            "{at}.header {:?} is not a header name",
+            rule.header
+        ));
+    }
+    if rule.any_of.is_empty() {
+        p.push(format!("{at}.any_of is empty (no request could pass)"));
     }
 }
 
@@ -891,6 +1497,22 @@ impl ProviderConfig {
         }
     }
 
+    /// `connect_timeout_ms`, if set.
+    pub fn connect_timeout(&self) -> Option<Duration> {
+        self.connect_timeout_ms.map(Duration::from_millis)
+    }
+
+    /// This provider as `link` uses it: the link's own connect, first-token
+    /// and idle timeouts over the provider's.
+    pub fn for_link(&self, link: &LinkConfig) -> ProviderConfig {
+        ProviderConfig {
+            connect_timeout_ms: link.connect_timeout_ms.or(self.connect_timeout_ms),
+            first_token_timeout_ms: link.first_token_timeout_ms.or(self.first_token_timeout_ms),
+            idle_timeout_ms: link.idle_timeout_ms.or(self.idle_timeout_ms),
+            ..self.clone()
+        }
+    }
+
     /// A fresh bulkhead for this provider's `max_concurrency`, if it has one.
     /// Keep it across reloads (pass it to [`services`](Self::services)
     /// again) so calls in flight keep counting against the same limit.
@@ -927,6 +1549,14 @@ impl ProviderConfig {
         B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
         B::Error: Into<BoxError>,
     {
+        let timeouts = StreamTimeouts {
+            first_token: self
+                .first_token_timeout_ms
+                .map_or(timeouts.first_token, Duration::from_millis),
+            idle: self
+                .idle_timeout_ms
+                .map_or(timeouts.idle, Duration::from_millis),
+        };
         let missing_key = || ConfigError::new(format!("provider \"{}\": no API key", self.name));
         let (chat, streaming): (RouteService<ChatResponse>, RouteService<ChatStream>) =
             match self.kind {
@@ -1010,6 +1640,8 @@ fn shed_when_full<Res: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tower_llm_breaker::BreakerCount;
+    use tower_llm_retry::{Jitter, JitterSpec};
 
     const GOOD: &str = r#"
         [[providers]]
@@ -1041,7 +1673,7 @@ mod tests {
         let json = serde_json::to_string(&p).expect("json");
         assert_eq!(Policy::from_json(&json).expect("valid"), p);
         assert!(p.retry_layer().is_ok());
-        assert_eq!(p.breaker.config().consecutive_failures, 5);
+        assert_eq!(p.breaker.consecutive_failures, 5);
     }
 
     #[test]
@@ -1052,7 +1684,7 @@ mod tests {
         .expect("valid");
         assert_eq!(p.retry.min_attempt_ms, Some(500));
         assert_eq!(p.min_attempt_ms(), 500);
-        assert_eq!(p.breaker.config().count, BreakerCount::Calls);
+        assert_eq!(p.breaker.count, BreakerCount::Calls);
         let defaults = Policy::from_toml(GOOD).expect("valid");
         assert_eq!(defaults.min_attempt_ms(), 1_000);
         // A short deadline scales the default down.
@@ -1067,7 +1699,7 @@ mod tests {
                 "retry.min_attempt_ms (1000) leaves no room for a retry within deadline.total_ms (1000)"
             ]
         );
-        assert_eq!(defaults.breaker.config().count, BreakerCount::Attempts);
+        assert_eq!(defaults.breaker.count, BreakerCount::Attempts);
         assert!(!problems(&format!("[breaker]\ncount = \"tries\"\n{GOOD}")).is_empty());
     }
 
@@ -1098,7 +1730,7 @@ mod tests {
         );
         assert_eq!(
             problems(&inverted),
-            ["retry.base_ms (500) is above retry.max_ms (100)"]
+            ["retry.base_ms (500) is above max_ms (100)"]
         );
         let long_attempt = format!(
             "[deadline]\ntotal_ms = 1000\n[retry]\nmax_attempts = 3\nattempt_timeout_ms = 5000\nbase_ms = 1\nfactor = 2\nmax_ms = 10\njitter = 0.1\n{GOOD}"
@@ -1120,14 +1752,11 @@ mod tests {
             ["provider \"a\": api_key_env is required for Openai"]
         );
         let breaker = format!(
-            "[breaker]\nfailure_threshold = 0\ncooldown_ms = 0\nhalf_open_probes = 1\n{GOOD}"
+            "[breaker]\nconsecutive_failures = 0\ncooldown_ms = 0\nhalf_open_probes = 1\n{GOOD}"
         );
         assert_eq!(
             problems(&breaker),
-            [
-                "breaker.failure_threshold must be above 0",
-                "breaker.cooldown_ms must be above 0"
-            ]
+            ["breaker.cooldown_ms must be above zero"]
         );
         let bulkhead = GOOD.replace(
             "api_key_env = \"A\"",
@@ -1214,6 +1843,17 @@ mod tests {
             problems(&both),
             ["retry.attempt_timeout_ms (5000) is longer than deadline.total_ms (1500)"]
         );
+    }
+
+    #[test]
+    fn inbound_headers_never_show_their_values() {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            "authorization",
+            http::HeaderValue::from_static("Bearer sk-secret"),
+        );
+        let shown = format!("{:?}", InboundHeaders(h));
+        assert_eq!(shown, r#"InboundHeaders(["authorization"])"#);
     }
 
     #[test]

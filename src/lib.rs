@@ -68,7 +68,7 @@
 //! [`config::Policy`] holds every layer's settings, the providers and the
 //! routes; it loads from TOML or JSON, is validated at load (every problem
 //! reported), and [`Policy::build_route`](config::Policy::build_route)
-//! turns it into the stack. The gateway example serves it and reloads it
+//! turns it into the stack. The `tower-llm-gateway` crate serves it and reloads it
 //! without a restart.
 //!
 //! # Telemetry
@@ -102,17 +102,18 @@ pub use tower_llm_core::*;
 /// The deadline layer ([`tower_llm_deadline`]).
 pub mod deadline {
     pub use tower_llm_deadline::{
-        DeadlineLayer, EnforceDeadline, GRPC_TIMEOUT, ResponseFuture, X_REQUEST_TIMEOUT_MS,
-        header_timeout, parse_grpc_timeout, parse_request_timeout_ms,
+        DeadlineConfig, DeadlineLayer, EnforceDeadline, GRPC_TIMEOUT, ResponseFuture,
+        X_REQUEST_TIMEOUT_MS, header_timeout, parse_grpc_timeout, parse_request_timeout_ms,
     };
 }
 
 /// The retry layer ([`tower_llm_retry`]).
 pub mod retry {
     pub use tower_llm_retry::{
-        Attempt, AttemptFuture, AttemptLayer, Backoff, Budget, FixedFraction, InvalidBackoff,
-        InvalidBudget, Jitter, RandomSource, ResponseFuture, Retry, RetryBudget, RetryLayer,
-        RetryPolicy, SplitMix64,
+        Attempt, AttemptFuture, AttemptLayer, Backoff, Budget, BudgetConfig, FixedFraction,
+        InvalidBackoff, InvalidBudget, InvalidRetryConfig, Jitter, JitterSpec, NamedJitter,
+        RandomSource, ResponseFuture, Retry, RetryBudget, RetryConfig, RetryLayer, RetryPolicy,
+        SplitMix64,
     };
 }
 

@@ -1,10 +1,8 @@
-//! The "used-by" examples run, not just compile: each example's `run()` is
+//! The "used-by" examples run (the axum one in `tower-llm-gateway`, whose
+//! dependencies it shares), not just compile: each example's `run()` is
 //! called once (its servers on loopback) and its outcome checked, so a
 //! regression in any of them fails the test suite.
 
-#[allow(dead_code, unreachable_pub)]
-#[path = "../examples/axum_handler.rs"]
-mod axum_handler;
 #[allow(dead_code, unreachable_pub)]
 #[path = "../examples/hyper_client.rs"]
 mod hyper_client;
@@ -15,16 +13,6 @@ mod tonic_service;
 use std::time::Duration;
 
 use tower_llm::AttemptStatus;
-
-#[tokio::test(start_paused = true)]
-async fn the_axum_example_fails_over_to_the_backup() {
-    let out = axum_handler::run().await.expect("the example runs");
-    assert_eq!(out.status, 200, "{}", out.body);
-    assert_eq!(out.body["answer"], "Hello from the backup");
-    assert_eq!(out.body["served_by"], "anthropic");
-    // Three 503s on the primary, then the backup.
-    assert_eq!(out.body["attempts"], 4);
-}
 
 #[tokio::test(start_paused = true)]
 async fn the_hyper_example_retries_into_the_200() {

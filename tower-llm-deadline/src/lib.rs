@@ -66,11 +66,13 @@
 //!
 //! None.
 
+mod config;
 mod future;
 mod header;
 mod layer;
 mod service;
 
+pub use config::DeadlineConfig;
 pub use future::ResponseFuture;
 pub use header::{
     GRPC_TIMEOUT, X_REQUEST_TIMEOUT_MS, header_timeout, parse_grpc_timeout,

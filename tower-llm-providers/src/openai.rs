@@ -979,6 +979,252 @@ pub mod server {
         json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
     }
 
+    /// The HTTP status and OpenAI error `type` a failed call is answered
+    /// with, by its class:
+    ///
+    /// | failure | status | `type` |
+    /// |---|---|---|
+    /// | deadline exceeded | 504 | `timeout` |
+    /// | conflict | 409 | `conflict` |
+    /// | bad request, context window exceeded, content filtered | 400 | `invalid_request_error` |
+    /// | auth, not found (our credentials or model names), invalid response, cancelled | 502 | `upstream_error` |
+    /// | every other class (transient, rate limited, timeout, quota, circuit open) | 503 | `service_unavailable` |
+    ///
+    /// When every link of a fallback chain failed
+    /// ([`Failure::is_all_links_failed`]) the answer is 503 whatever the
+    /// last class, except a deadline (504).
+    ///
+    /// ```
+    /// use tower_llm_core::{Failure, FailureClass};
+    /// use tower_llm_providers::openai::server::failure_status;
+    ///
+    /// let (status, kind) = failure_status(&Failure::deadline_exceeded());
+    /// assert_eq!((status.as_u16(), kind), (504, "timeout"));
+    /// assert_eq!(failure_status(&Failure::new(FailureClass::Auth)).0, 502);
+    /// ```
+    pub fn failure_status(f: &Failure) -> (http::StatusCode, &'static str) {
+        use http::StatusCode;
+        let (status, kind) = match f.class() {
+            FailureClass::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
+            FailureClass::Conflict => (StatusCode::CONFLICT, "conflict"),
+            FailureClass::BadRequest
+            | FailureClass::ContextWindowExceeded
+            | FailureClass::ContentFiltered => (StatusCode::BAD_REQUEST, "invalid_request_error"),
+            // Our credentials or our model names: the gateway's fault, not
+            // the client's.
+            FailureClass::Auth
+            | FailureClass::NotFound
+            | FailureClass::InvalidResponse
+            | FailureClass::Cancelled => (StatusCode::BAD_GATEWAY, "upstream_error"),
+            _ => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable"),
+        };
+        if f.is_all_links_failed() && status != StatusCode::GATEWAY_TIMEOUT {
+            (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable")
+        } else {
+            (status, kind)
+        }
+    }
+
+    /// A failed call as an HTTP answer in OpenAI's error shape: the status
+    /// and `type` of [`failure_status`], the failure's message, its class
+    /// label as the `code`, and on a 503 a `Retry-After` (whole seconds,
+    /// at least 1) when the failure knows one. Any server (axum, hyper)
+    /// can send it as it is.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_llm_core::{Failure, FailureClass};
+    /// use tower_llm_providers::openai::server::failure_response;
+    ///
+    /// let f = Failure::new(FailureClass::RateLimited).with_retry_after(Duration::from_millis(1500));
+    /// let res = failure_response(&f);
+    /// assert_eq!(res.status(), 503);
+    /// assert_eq!(res.headers()["retry-after"], "2");
+    /// assert_eq!(res.headers()["content-type"], "application/json");
+    /// ```
+    pub fn failure_response(f: &Failure) -> http::Response<http_body_util::Full<bytes::Bytes>> {
+        let (status, kind) = failure_status(f);
+        let body = encode_error(
+            f.message().unwrap_or("the call failed"),
+            kind,
+            Some(f.class().as_metric_label()),
+        );
+        let mut res = http::Response::new(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )));
+        *res.status_mut() = status;
+        res.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        if status == http::StatusCode::SERVICE_UNAVAILABLE {
+            if let Some(wait) = f.retry_after() {
+                let secs = (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1);
+                res.headers_mut()
+                    .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
+            }
+        }
+        res
+    }
+
+    /// `stream_options.include_usage` in a request body (read without
+    /// building a copy of the rest of it): whether an OpenAI client asked
+    /// for the usage chunk at the end of a stream.
+    pub fn wants_usage(body: &[u8]) -> bool {
+        #[derive(Deserialize)]
+        struct Body {
+            #[serde(default)]
+            stream_options: Option<StreamOptions>,
+        }
+        #[derive(Deserialize)]
+        struct StreamOptions {
+            #[serde(default)]
+            include_usage: Option<bool>,
+        }
+        serde_json::from_slice::<Body>(body)
+            .ok()
+            .and_then(|b| b.stream_options?.include_usage)
+            .unwrap_or(false)
+    }
+
+    /// The server-sent event of a failure after a stream's commit point:
+    /// `data: {"error": {...}}` with the class label as its `code`.
+    pub fn sse_error_event(f: &Failure) -> bytes::Bytes {
+        let body = encode_error(
+            f.message().unwrap_or("the stream failed"),
+            "stream_error",
+            Some(f.class().as_metric_label()),
+        );
+        bytes::Bytes::from(format!("data: {body}\n\n"))
+    }
+
+    /// A committed [`ChatStream`](tower_llm_core::ChatStream) as OpenAI
+    /// server-sent events, one `data:` frame per item: the first chunk
+    /// carries the role; usage is summed and sent once at the end, and only
+    /// when the client asked for it ([`wants_usage`]), as OpenAI does; a
+    /// clean end is `data: [DONE]`, a failure after the commit point one
+    /// [`sse_error_event`] and no `[DONE]`. Chunks with nothing but usage
+    /// send no frame.
+    ///
+    /// ```
+    /// # use std::pin::Pin;
+    /// use futures_core::Stream;
+    /// use tower_llm_core::{ChatChunk, ChatStream, FinishReason};
+    /// use tower_llm_providers::openai::server::SseFrames;
+    ///
+    /// let chunk = |t: &str| Ok(ChatChunk { text: Some(t.into()), ..ChatChunk::default() });
+    /// let stream = ChatStream::from_chunks("mock", "m", vec![chunk("Hel"), chunk("lo")]);
+    /// let mut frames = SseFrames::new(stream, false, "chatcmpl-1".into(), 0);
+    /// let mut out = String::new();
+    /// let waker = std::task::Waker::noop();
+    /// let mut cx = std::task::Context::from_waker(&waker);
+    /// while let std::task::Poll::Ready(Some(frame)) = Pin::new(&mut frames).poll_next(&mut cx) {
+    ///     out.push_str(std::str::from_utf8(&frame).unwrap());
+    /// }
+    /// assert!(out.starts_with("data: {"));
+    /// assert!(out.contains(r#""role":"assistant""#));
+    /// assert!(out.ends_with("data: [DONE]\n\n"));
+    /// ```
+    #[derive(Debug)]
+    pub struct SseFrames {
+        stream: tower_llm_core::ChatStream,
+        done: bool,
+        id: String,
+        model: String,
+        created: u64,
+        first: bool,
+        include_usage: bool,
+        usage: tower_llm_core::Usage,
+    }
+
+    impl SseFrames {
+        /// The frames of `stream`, as the answer `id` created at `created`
+        /// (Unix seconds), named by the stream's model.
+        pub fn new(
+            stream: tower_llm_core::ChatStream,
+            include_usage: bool,
+            id: String,
+            created: u64,
+        ) -> Self {
+            let model = stream.model().to_owned();
+            SseFrames {
+                stream,
+                done: false,
+                id,
+                model,
+                created,
+                first: true,
+                include_usage,
+                usage: tower_llm_core::Usage::default(),
+            }
+        }
+    }
+
+    impl futures_core::Stream for SseFrames {
+        type Item = bytes::Bytes;
+
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            use std::task::Poll;
+            let this = &mut *self;
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let frame = loop {
+                match std::task::ready!(std::pin::Pin::new(&mut this.stream).poll_next(cx)) {
+                    Some(Ok(mut chunk)) => {
+                        if let Some(u) = chunk.usage.take() {
+                            // Providers report usage in parts (Anthropic:
+                            // input first, output last): keep every count.
+                            if u.prompt_tokens > 0 {
+                                this.usage.prompt_tokens = u.prompt_tokens;
+                            }
+                            if u.completion_tokens > 0 {
+                                this.usage.completion_tokens = u.completion_tokens;
+                            }
+                            if u.cached_input_tokens > 0 {
+                                this.usage.cached_input_tokens = u.cached_input_tokens;
+                            }
+                        }
+                        if chunk.text.is_none()
+                            && chunk.tool_call.is_none()
+                            && chunk.finish_reason.is_none()
+                        {
+                            continue; // usage only
+                        }
+                        let body = if std::mem::take(&mut this.first) {
+                            encode_first_chunk(&chunk, &this.id, &this.model, this.created)
+                        } else {
+                            encode_chunk(&chunk, &this.id, &this.model, this.created)
+                        };
+                        break format!("data: {body}\n\n");
+                    }
+                    Some(Err(f)) => {
+                        this.done = true;
+                        return Poll::Ready(Some(sse_error_event(&f)));
+                    }
+                    None => {
+                        this.done = true;
+                        let mut out = String::new();
+                        if this.include_usage {
+                            let usage = ChatChunk {
+                                usage: Some(this.usage),
+                                ..ChatChunk::default()
+                            };
+                            let body = encode_chunk(&usage, &this.id, &this.model, this.created);
+                            out.push_str(&format!("data: {body}\n\n"));
+                        }
+                        out.push_str("data: [DONE]\n\n");
+                        break out;
+                    }
+                }
+            };
+            Poll::Ready(Some(bytes::Bytes::from(frame)))
+        }
+    }
+
     #[cfg(test)]
     mod tests {
         use super::*;

@@ -118,6 +118,14 @@
 //! percentage. Tower's `Retry` retries as soon as the policy says so; this
 //! one never sleeps into a deadline.
 //!
+//! # Settings as data
+//!
+//! [`RetryConfig`] holds every setting of the layer with serde (the same
+//! field names in Rust, TOML and JSON, durations in `*_ms`), validates
+//! them naming the field, and applies them with
+//! [`RetryLayer::with_config`]; it is the `[retry]` section of a
+//! `tower-llm` policy file.
+//!
 //! # Feature flags
 //!
 //! None.
@@ -125,6 +133,7 @@
 mod attempt;
 mod backoff;
 mod budget;
+mod config;
 mod future;
 mod layer;
 mod policy;
@@ -134,6 +143,7 @@ mod service;
 pub use attempt::{Attempt, AttemptFuture, AttemptLayer};
 pub use backoff::{Backoff, InvalidBackoff, Jitter};
 pub use budget::{Budget, InvalidBudget, RetryBudget};
+pub use config::{BudgetConfig, InvalidRetryConfig, JitterSpec, NamedJitter, RetryConfig};
 pub use future::ResponseFuture;
 pub use layer::RetryLayer;
 pub use policy::RetryPolicy;

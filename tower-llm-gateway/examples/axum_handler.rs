@@ -1,15 +1,17 @@
-//! The stack inside an axum handler: the handler builds a `ChatRequest`,
-//! calls the stack (deadline → fallback → retry → breaker → providers) and
-//! maps the outcome to HTTP.
+//! The stack inside an axum handler: a policy (TOML) names two providers
+//! and a route; `Policy::build_route` turns the route into the stack
+//! (deadline → fallback → retry → breaker → providers); the handler builds
+//! a `ChatRequest`, calls it, and maps the outcome to HTTP (failures with
+//! the library's `failure_status`).
 //!
 //! ```text
-//! cargo run --example axum_handler
+//! cargo run -p tower-llm-gateway --example axum_handler
 //! ```
 //!
 //! It starts two mock providers (the primary answers 503 three times, so
 //! the call fails over to the backup), serves the app
 //! on loopback, calls it once as a client would, prints the answer, exits.
-//! `tests/examples.rs` runs it and checks the answer.
+//! `tower-llm-gateway/tests/examples.rs` runs it and checks the answer.
 
 use std::time::Duration;
 
@@ -17,15 +19,17 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
-use tower::util::BoxCloneSyncService;
-use tower::{ServiceBuilder, ServiceExt};
+use tower::ServiceExt;
+use tower_llm::config::{Policy, RouteService};
 use tower_llm::prelude::*;
+use tower_llm::providers::ApiKey;
 use tower_llm::providers::https::client_with_connect_timeout;
-use tower_llm::providers::{Anthropic, AnthropicConfig, ApiKey, OpenAi, OpenAiConfig};
+use tower_llm::providers::openai::server::failure_status;
+use tower_llm::{GenAiMetrics, Metrics};
 use tower_llm_providers::mock::{MockServer, Reply};
 
-/// The stack, boxed so the handler's state has a nameable type.
-type Llm = BoxCloneSyncService<ChatRequest, ChatResponse, Failure>;
+/// The route's stack (boxed, so the handler's state has a nameable type).
+type Llm = RouteService<ChatResponse>;
 
 #[derive(serde::Deserialize)]
 struct Ask {
@@ -47,12 +51,8 @@ async fn ask(
                 "attempts": res.attempts.len(),
             })),
         ),
-        Err(e) if e.is_deadline_exceeded() => (
-            StatusCode::GATEWAY_TIMEOUT,
-            Json(serde_json::json!({"error": e.to_string()})),
-        ),
         Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
+            failure_status(&e).0,
             Json(serde_json::json!({"error": e.to_string(), "class": e.class().as_metric_label()})),
         ),
     }
@@ -75,7 +75,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Starts the mock providers and the app, asks once, returns the answer
-/// (`tests/examples.rs` runs this and checks it).
+/// (`tower-llm-gateway/tests/examples.rs` runs this and checks it).
 pub async fn run() -> Result<Outcome, Box<dyn std::error::Error>> {
     let primary = MockServer::start(Reply::openai_text("Hello from the primary")).await?;
     primary.push(Reply::openai_error(503, "server_error", "busy"));
@@ -83,35 +83,47 @@ pub async fn run() -> Result<Outcome, Box<dyn std::error::Error>> {
     primary.push(Reply::openai_error(503, "server_error", "busy"));
     let backup = MockServer::start(Reply::anthropic_text("Hello from the backup")).await?;
 
+    let policy = Policy::from_toml(&format!(
+        r#"
+        [deadline]
+        total_ms = 20000
+
+        [[providers]]
+        name = "openai"
+        kind = "openai"
+        base_url = "{}/v1"
+        api_key_env = "OPENAI_API_KEY"
+
+        [[providers]]
+        name = "anthropic"
+        kind = "anthropic"
+        base_url = "{}"
+        api_key_env = "ANTHROPIC_API_KEY"
+
+        [[routes]]
+        model = "smart"
+        chain = [{{ provider = "openai", model = "gpt-4o-mini" }}, {{ provider = "anthropic", model = "claude-sonnet-4-5" }}]
+        "#,
+        primary.url(),
+        backup.url()
+    ))?;
+    // Each provider's service (the mocks take any key), then the route.
     let client = client_with_connect_timeout(Duration::from_secs(5));
-    let openai = OpenAi::new(
-        client.clone(),
-        OpenAiConfig::new(ApiKey::new("mock")).with_base_url(&format!("{}/v1", primary.url())),
-    );
-    let anthropic = Anthropic::new(
-        client,
-        AnthropicConfig::new(ApiKey::new("mock")).with_base_url(&backup.url()),
-    );
-    let breaker = BreakerLayer::new();
-    let retry = RetryLayer::new().with_max_attempts(3);
-    let backup_link = ServiceBuilder::new()
-        .llm_retry(retry.clone())
-        .llm_breaker(breaker.clone())
-        .service(anthropic);
-    let chain = FallbackLayer::builder(LinkSpec::new("openai", "gpt-4o-mini").rewrite_model())
-        .or(
-            LinkSpec::new("anthropic", "claude-sonnet-4-5").rewrite_model(),
-            backup_link,
-        )
-        .build()?;
-    let llm: Llm = BoxCloneSyncService::new(
-        ServiceBuilder::new()
-            .llm_deadline(Duration::from_secs(20))
-            .llm_fallback(chain)
-            .llm_retry(retry)
-            .llm_breaker(breaker)
-            .service(openai),
-    );
+    let mut services = std::collections::HashMap::new();
+    for provider in &policy.providers {
+        let built = provider.services(
+            Some(ApiKey::new("mock")),
+            client.clone(),
+            policy.stream,
+            &GenAiMetrics::global(),
+            None,
+        )?;
+        services.insert(provider.name.clone(), built.chat);
+    }
+    let route = policy.route("smart").ok_or("no route")?;
+    let llm: Llm = policy.build_route(route, &BreakerLayer::new(), Metrics::global(), |p, _| {
+        services[&p.name].clone()
+    })?;
 
     let app = axum::Router::new().route("/ask", post(ask)).with_state(llm);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

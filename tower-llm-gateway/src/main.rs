@@ -1,8 +1,9 @@
-//! An OpenAI-compatible LLM gateway on the tower-llm stack.
+//! `tower-llm-gateway`: an OpenAI-compatible LLM gateway on the tower-llm
+//! stack.
 //!
 //! ```text
-//! cargo run --release --example gateway                      # embedded default, no keys
-//! cargo run --release --example gateway -- --config gateway.toml --listen 127.0.0.1:8080
+//! cargo run --release -p tower-llm-gateway                   # the demo, no keys
+//! tower-llm-gateway --config gateway.toml --listen 127.0.0.1:8080
 //! ```
 //!
 //! Without `--config` it starts two in-process mock providers (a flaky
@@ -13,7 +14,11 @@
 //!   `stream: true` answers server-sent events), with `x-llm-provider`,
 //!   `x-llm-model-used` and `x-llm-attempts` headers.
 //! - `GET /metrics`, `GET /health`, `GET /health/circuits`,
-//!   `GET /health/providers`.
+//!   `GET /health/providers`; probes follow `[health]` of the running
+//!   policy.
+//! - `POST /health/circuits` (force a circuit open, close, reset it, probe
+//!   it) with `Authorization: Bearer $TOWER_LLM_GATEWAY_ADMIN_TOKEN`;
+//!   without that variable set the circuits are read-only.
 //! - The config file is reloaded on SIGHUP and when it changes (once it
 //!   has stayed unchanged for `server.reload_settle_ms`); an invalid file
 //!   is refused and the running policy stays.
@@ -24,22 +29,16 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
 use tower_llm::config::Policy;
 use tower_llm::providers::ApiKey;
-use tower_llm_providers::mock::{MockServer, Recorded, Reply};
+use tower_llm_gateway::{Gateway, KeySource};
+use tower_llm_providers::mock::MockServer;
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-
-#[allow(dead_code)]
-mod app;
-mod server;
-
-use app::{Gateway, KeySource};
 
 struct Args {
     config: Option<PathBuf>,
@@ -57,7 +56,9 @@ fn args() -> Result<Args, String> {
             "--config" => args.config = Some(it.next().ok_or("--config needs a path")?.into()),
             "--listen" => args.listen = Some(it.next().ok_or("--listen needs host:port")?),
             "-h" | "--help" => {
-                return Err("usage: gateway [--config PATH.toml] [--listen HOST:PORT]".into());
+                return Err(
+                    "usage: tower-llm-gateway [--config PATH.toml] [--listen HOST:PORT]".into(),
+                );
             }
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
@@ -65,83 +66,10 @@ fn args() -> Result<Args, String> {
     Ok(args)
 }
 
-/// Every third call to the embedded primary fails with a 503.
-fn flaky_primary(req: &Recorded) -> Reply {
-    static CALLS: AtomicUsize = AtomicUsize::new(0);
-    if CALLS.fetch_add(1, Ordering::Relaxed) % 3 == 2 {
-        return Reply::openai_error(503, "server_error", "the primary is overloaded");
-    }
-    if wants_stream(req) {
-        Reply::openai_stream(&["Hello", " from", " the", " primary"])
-    } else {
-        Reply::openai_text("Hello from the primary")
-    }
-}
-
-fn healthy_backup(req: &Recorded) -> Reply {
-    if wants_stream(req) {
-        Reply::anthropic_stream(&["Hello", " from", " the", " backup"])
-    } else {
-        Reply::anthropic_text("Hello from the backup")
-    }
-}
-
-fn wants_stream(req: &Recorded) -> bool {
-    serde_json::from_slice::<serde_json::Value>(&req.body)
-        .ok()
-        .and_then(|b| b.get("stream").and_then(serde_json::Value::as_bool))
-        .unwrap_or(false)
-}
-
-/// The embedded default: two mock providers and one route.
-async fn embedded() -> std::io::Result<(Policy, Vec<MockServer>)> {
-    let primary = MockServer::start(Reply::With(flaky_primary)).await?;
-    let backup = MockServer::start(Reply::With(healthy_backup)).await?;
-    let text = format!(
-        r#"
-        [deadline]
-        total_ms = 10000
-
-        [retry]
-        max_attempts = 2
-        attempt_timeout_ms = 5000
-        base_ms = 50
-        factor = 4
-        max_ms = 800
-        jitter = 0.2
-
-        [breaker]
-        failure_threshold = 5
-        cooldown_ms = 10000
-
-        [[providers]]
-        name = "primary"
-        kind = "openai"
-        base_url = "{}/v1"
-        api_key_env = "MOCK_KEY"
-
-        [[providers]]
-        name = "backup"
-        kind = "anthropic"
-        base_url = "{}"
-        api_key_env = "MOCK_KEY"
-
-        [[routes]]
-        model = "smart"
-        chain = [{{ provider = "primary", model = "gpt-4o-mini" }}, {{ provider = "backup", model = "claude-sonnet-4-5" }}]
-        "#,
-        primary.url(),
-        backup.url()
-    );
-    let policy = Policy::from_toml(&text)
-        .map_err(|e| std::io::Error::other(format!("embedded policy: {e}")))?;
-    Ok((policy, vec![primary, backup]))
-}
-
 #[tokio::main]
 async fn main() {
     if let Err(e) = run().await {
-        eprintln!("gateway: {e}");
+        eprintln!("tower-llm-gateway: {e}");
         std::process::exit(1);
     }
 }
@@ -182,7 +110,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             (Policy::from_toml(&text)?, keys, Vec::new())
         }
         None => {
-            let (policy, mocks) = embedded().await?;
+            let (policy, mocks) = tower_llm_gateway::demo::embedded().await?;
             let keys: KeySource = Arc::new(|_| Ok(Some(ApiKey::new("mock"))));
             (policy, keys, mocks)
         }
@@ -192,25 +120,17 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .clone()
         .or_else(|| policy.listen.clone())
         .unwrap_or_else(|| "127.0.0.1:8080".to_owned());
-    let probe_every = policy.health.probe_interval_ms;
     let limits = policy.server;
     let transport =
         tower_llm::providers::https::client_with_connect_timeout(Duration::from_secs(5));
     let gateway = Gateway::new(policy, transport, keys)?;
 
     if let Some(path) = args.config.clone() {
-        tokio::spawn(app::reload_on_change(gateway.clone(), path));
+        tokio::spawn(tower_llm_gateway::reload_on_change(gateway.clone(), path));
     }
-    if probe_every > 0 {
-        let gw = gateway.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_millis(probe_every));
-            loop {
-                every.tick().await;
-                gw.probe_once().await;
-            }
-        });
-    }
+    gateway.set_admin_token(std::env::var("TOWER_LLM_GATEWAY_ADMIN_TOKEN").ok());
+    // Probes follow `[health] probe_interval_ms` of the running policy.
+    tokio::spawn(tower_llm_gateway::probe_loop(gateway.clone()));
 
     let listener = tokio::net::TcpListener::bind(&listen).await?;
     let addr = listener.local_addr()?;
@@ -231,9 +151,16 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let shutdown = async move {
         shutdown_signal().await;
         let policy = running.policy();
-        policy.server.body_read_timeout() + policy.deadline.total()
+        let longest = policy
+            .routes
+            .iter()
+            .filter_map(|r| policy.resolve(r).ok())
+            .map(|r| Duration::from_millis(r.total_ms))
+            .max()
+            .unwrap_or_else(|| policy.deadline.total());
+        policy.server.body_read_timeout() + longest
     };
-    server::serve(listener, gateway.router(), limits, shutdown).await;
+    tower_llm_gateway::serve(listener, gateway.router(), limits, shutdown).await;
     tracing::info!(target: "gateway", "stopped");
     Ok(())
 }

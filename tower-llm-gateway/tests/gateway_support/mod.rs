@@ -1,5 +1,5 @@
-//! The gateway harness shared by `gateway.rs` and `gateway_trace.rs`: the
-//! example's application started on loopback in front of two `MockServer`
+//! The gateway harness shared by the gateway's tests: the library's
+//! `Gateway` served on loopback in front of two `MockServer`
 //! providers, and a real HTTP client.
 
 #![allow(dead_code)]
@@ -15,14 +15,7 @@ use tower_llm::config::Policy;
 use tower_llm::providers::ApiKey;
 use tower_llm_providers::mock::{MockServer, Reply};
 
-#[allow(dead_code, unreachable_pub)]
-#[path = "../../examples/gateway/app.rs"]
-pub(crate) mod app;
-#[allow(dead_code, unreachable_pub)]
-#[path = "../../examples/gateway/server.rs"]
-pub(crate) mod server;
-
-use app::{Gateway, KeySource};
+use tower_llm_gateway::{Gateway, KeySource};
 
 pub(crate) fn policy(primary: &MockServer, backup: &MockServer, extra: &str) -> Policy {
     Policy::from_toml(&policy_text(primary, backup, extra, FULL_CHAIN)).expect("valid policy")
@@ -48,7 +41,7 @@ pub(crate) fn policy_text(
         max_ms = 400
         jitter = "none"
         [breaker]
-        failure_threshold = 5
+        consecutive_failures = 5
         cooldown_ms = 30000
         {extra}
         [[providers]]
@@ -83,12 +76,41 @@ pub(crate) struct Harness {
 }
 
 pub(crate) async fn start(primary: Reply, backup: Reply, extra: &str) -> Harness {
+    start_with(primary, backup, extra, FULL_CHAIN).await
+}
+
+/// As [`start`], with the route's `chain` written out (TOML).
+pub(crate) async fn start_with(primary: Reply, backup: Reply, extra: &str, chain: &str) -> Harness {
+    start_text(primary, backup, |p, b| policy_text(p, b, extra, chain)).await
+}
+
+/// As [`start`], with the whole policy file written by `text` from the two
+/// mock providers.
+pub(crate) async fn start_text(
+    primary: Reply,
+    backup: Reply,
+    text: impl FnOnce(&MockServer, &MockServer) -> String,
+) -> Harness {
+    start_policy(primary, backup, |p, b| {
+        Policy::from_toml(&text(p, b)).expect("valid policy")
+    })
+    .await
+}
+
+/// As [`start`], with the policy made by `policy` from the two mock
+/// providers.
+pub(crate) async fn start_policy(
+    primary: Reply,
+    backup: Reply,
+    policy: impl FnOnce(&MockServer, &MockServer) -> Policy,
+) -> Harness {
     let primary = MockServer::start(primary).await.expect("primary");
     let backup = MockServer::start(backup).await.expect("backup");
     let keys: KeySource = Arc::new(|_| Ok(Some(ApiKey::new("sk-test-key"))));
     let transport =
         tower_llm::providers::https::client_with_connect_timeout(Duration::from_secs(5));
-    let gateway = Gateway::new(policy(&primary, &backup, extra), transport, keys).expect("gateway");
+    let policy = policy(&primary, &backup);
+    let gateway = Gateway::new(policy, transport, keys).expect("gateway");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -97,7 +119,7 @@ pub(crate) async fn start(primary: Reply, backup: Reply, extra: &str) -> Harness
     let limits = gateway.server_limits();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let served = tokio::spawn(async move {
-        server::serve(listener, router, limits, async {
+        tower_llm_gateway::serve(listener, router, limits, async {
             let _ = stopped.await;
             Duration::from_secs(2)
         })

@@ -282,7 +282,7 @@ impl hyper::body::Body for Tracked {
 /// finish the call it serves for up to that grace, drops the connections
 /// still open, and returns. Accept errors (too many open files, a reset
 /// before accept) are retried after a short pause, as `axum::serve` does.
-pub(crate) async fn serve(
+pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ServerPolicy,

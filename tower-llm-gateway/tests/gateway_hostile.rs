@@ -310,7 +310,7 @@ async fn a_client_that_goes_mid_stream_stops_a_silent_upstream_at_once() {
     // ends it before the client goes.
     let mut p = h.gateway.policy();
     p.deadline.total_ms = Some(120_000);
-    p.stream.idle_timeout_ms = 120_000;
+    p.stream.idle = Duration::from_secs(120);
     h.gateway.reload(p).expect("valid");
     let mut tcp = connect(&h).await;
     tcp.write_all(raw_chat(HELLO_STREAM).as_bytes())
@@ -488,7 +488,10 @@ async fn watching(name: &str) -> Watching {
         r#"[{ provider = "backup", model = "claude-x" }]"#,
     );
     write_file(&path, &full, 0);
-    tokio::spawn(app::reload_on_change(h.gateway.clone(), path.clone()));
+    tokio::spawn(tower_llm_gateway::reload_on_change(
+        h.gateway.clone(),
+        path.clone(),
+    ));
     Watching {
         h,
         path,

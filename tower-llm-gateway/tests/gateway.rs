@@ -118,7 +118,7 @@ async fn upstream_auth_and_unknown_routes_and_bad_bodies() {
     assert_eq!(a.status, 400);
     let huge = format!(
         r#"{{"model": "smart", "messages": [{{"role": "user", "content": "{}"}}]}}"#,
-        "x".repeat(app::MAX_REQUEST_BODY)
+        "x".repeat(tower_llm_gateway::MAX_REQUEST_BODY)
     );
     let a = h.chat(&huge).await;
     assert_eq!(a.status, 413);
@@ -287,7 +287,10 @@ async fn a_changed_config_file_is_reloaded_and_a_broken_one_refused() {
     .await;
     let path = std::env::temp_dir().join(format!("tower-llm-gateway-{}.toml", std::process::id()));
     std::fs::write(&path, policy_text(&h.primary, &h.backup, "", FULL_CHAIN)).expect("write");
-    tokio::spawn(app::reload_on_change(h.gateway.clone(), path.clone()));
+    tokio::spawn(tower_llm_gateway::reload_on_change(
+        h.gateway.clone(),
+        path.clone(),
+    ));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(h.chat(HELLO).await.header("x-llm-provider"), "primary");
 

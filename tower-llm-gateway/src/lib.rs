@@ -1,0 +1,59 @@
+//! An OpenAI-compatible LLM gateway on the tower-llm stack: a library and
+//! the `tower-llm-gateway` binary.
+//!
+//! A [`Policy`](tower_llm::config::Policy) file names the providers and
+//! the routes (model aliases with their fallback chains) and the settings
+//! of every layer; the gateway builds one stack per route (deadline →
+//! fallback → per link retry → breaker → provider), serves OpenAI's chat
+//! completions API over it (unary and server-sent events) with the
+//! `[server]` limits, reloads the file safely, probes the providers, and
+//! exports Prometheus metrics.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use tower_llm::config::Policy;
+//! use tower_llm_gateway::{Gateway, KeySource};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let policy = Policy::from_toml(&std::fs::read_to_string("gateway.toml")?)?;
+//! let keys: KeySource = Arc::new(|provider| provider.api_key_from_env());
+//! let transport = tower_llm::providers::https::client_with_connect_timeout(Duration::from_secs(5));
+//! let limits = policy.server;
+//! let gateway = Gateway::new(policy, transport, keys)?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! tower_llm_gateway::serve(listener, gateway.router(), limits, async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//!     Duration::from_secs(30) // how long calls in flight may finish
+//! })
+//! .await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Endpoints: `POST /v1/chat/completions`, `GET /metrics`, `GET /health`,
+//! `GET /health/circuits` (and `POST` for manual control, behind
+//! [`Gateway::set_admin_token`]), `GET /health/providers`. The binary adds
+//! the file watcher ([`reload_on_change`]), the probe loop
+//! ([`probe_loop`]), the admin token from `TOWER_LLM_GATEWAY_ADMIN_TOKEN`
+//! and graceful shutdown; without `--config` it serves
+//! [`demo::embedded`].
+//!
+//! # Feature flags
+//!
+//! None. The crate needs tokio's multi-threaded runtime, axum,
+//! tower-http, the OpenTelemetry SDK and Prometheus: the library crates
+//! of tower-llm never build them for it.
+
+mod admin;
+pub mod demo;
+mod health;
+mod http;
+mod routes;
+mod server;
+mod state;
+
+pub use health::{Probe, probe_loop};
+pub use http::MAX_REQUEST_BODY;
+pub use server::serve;
+pub use state::{Gateway, KeySource, Transport, reload_on_change};

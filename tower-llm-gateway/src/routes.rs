@@ -1,0 +1,141 @@
+//! Route building: one stack per route of a policy, over each provider's
+//! services (built once per policy and shared by the routes that name
+//! it), behind the provider's bulkhead and with its own transport when it
+//! has its own connect timeout.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tower::util::BoxCloneSyncService;
+use tower_llm::breaker::BreakerLayer;
+use tower_llm::config::{
+    ConfigError, LinkConfig, Policy, ProviderConfig, ProviderServices, RouteService,
+};
+use tower_llm::{ChatRequest, Failure, FailureClass, GenAiMetrics, Metrics};
+
+use crate::state::{KeySource, RouteInfo, Routes, Transport};
+
+/// Bulkheads by provider name, with their limit.
+pub(crate) type Bulkheads = Mutex<HashMap<String, (usize, Arc<tokio::sync::Semaphore>)>>;
+
+/// Builds every route of `policy`; each provider once, shared by routes.
+pub(crate) fn build(
+    policy: &Policy,
+    breaker: &BreakerLayer,
+    metrics: &Metrics,
+    genai: &GenAiMetrics,
+    transport: &Transport,
+    keys: &KeySource,
+    bulkheads: &Bulkheads,
+) -> Result<Routes, ConfigError> {
+    // Each provider once, and once more for each distinct set of link
+    // overrides (connect, first-token, idle timeouts) a route asks for.
+    let mut variants: Vec<ProviderConfig> = policy.providers.clone();
+    for route in &policy.routes {
+        for link in policy.resolve(route)?.chain {
+            if let Some(p) = policy.provider(&link.provider) {
+                let v = p.for_link(&link);
+                if !variants.contains(&v) {
+                    variants.push(v);
+                }
+            }
+        }
+    }
+    let mut services: Vec<(ProviderConfig, ProviderServices)> = Vec::new();
+    for provider in variants {
+        let key = keys(&provider)?;
+        let bulkhead = provider.max_concurrency.map(|limit| {
+            let mut kept = bulkheads.lock().unwrap_or_else(PoisonError::into_inner);
+            match kept.get(&provider.name) {
+                Some((l, permits)) if *l == limit => permits.clone(),
+                _ => {
+                    let permits = Arc::new(tokio::sync::Semaphore::new(limit));
+                    kept.insert(provider.name.clone(), (limit, permits.clone()));
+                    permits
+                }
+            }
+        });
+        // A provider or link with its own connect timeout gets its own pool.
+        let transport = match provider.connect_timeout() {
+            Some(limit) => connect_with(limit),
+            None => transport.clone(),
+        };
+        let built = provider.services(key, transport, policy.stream, genai, bulkhead)?;
+        services.push((provider, built));
+    }
+    let find = |p: &ProviderConfig, link: &LinkConfig| {
+        let want = p.for_link(link);
+        services
+            .iter()
+            .find(|(v, _)| *v == want)
+            .map(|(_, s)| s.clone())
+    };
+    let mut unary = HashMap::new();
+    let mut stream = HashMap::new();
+    let mut info = HashMap::new();
+    for route in &policy.routes {
+        let mut missing = false;
+        let u = policy.build_route(route, breaker, metrics.clone(), |p, link| {
+            find(p, link).map_or_else(
+                || {
+                    missing = true;
+                    unavailable(&p.name)
+                },
+                |s| s.chat,
+            )
+        })?;
+        let s = policy.build_route(route, breaker, metrics.clone(), |p, link| {
+            find(p, link).map_or_else(
+                || {
+                    missing = true;
+                    unavailable(&p.name)
+                },
+                |s| s.stream,
+            )
+        })?;
+        if missing {
+            return Err(ConfigError::new(format!(
+                "route \"{}\": a link's provider was not built",
+                route.model
+            )));
+        }
+        unary.insert(route.model.clone(), u);
+        stream.insert(route.model.clone(), s);
+        let resolved = policy.resolve(route)?;
+        let verify = resolved
+            .chain
+            .iter()
+            .filter(|l| l.requires_verification)
+            .map(|l| (l.provider.clone(), l.model.clone()))
+            .collect();
+        info.insert(
+            route.model.clone(),
+            Arc::new(RouteInfo {
+                deadline: Duration::from_millis(resolved.total_ms),
+                verify,
+            }),
+        );
+    }
+    Ok(Routes {
+        policy: policy.clone(),
+        unary,
+        stream,
+        info,
+    })
+}
+
+/// A stand-in for a provider that could not be built (never served: the
+/// build fails first).
+fn unavailable<Res: Send + 'static>(name: &str) -> RouteService<Res> {
+    let message = format!("provider \"{name}\" was not built");
+    BoxCloneSyncService::new(tower::service_fn(move |_req: ChatRequest| {
+        let message = message.clone();
+        async move { Err(Failure::new(FailureClass::InvalidResponse).with_message(message)) }
+    }))
+}
+
+/// A transport with `limit` as its connect timeout.
+fn connect_with(limit: Duration) -> Transport {
+    tower_llm::providers::https::client_with_connect_timeout(limit)
+}

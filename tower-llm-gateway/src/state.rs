@@ -1,0 +1,271 @@
+//! The gateway's state: the running policy and its routes (swapped whole
+//! on reload), the breaker store that outlives reloads, the metrics
+//! registry, the bulkheads and the server-wide budgets; and the file
+//! watcher that reloads the policy.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use tokio::sync::Semaphore;
+use tower_llm::breaker::{BreakerHandle, BreakerLayer};
+use tower_llm::config::{ConfigError, Policy, ProviderConfig, RouteService, ServerPolicy};
+use tower_llm::{ChatResponse, ChatStream, GenAiMetrics, Metrics};
+
+use crate::health::Probe;
+use crate::routes::{Bulkheads, build};
+
+/// How a provider's API key is found (the environment, or a fixed key for
+/// the embedded mock providers).
+pub type KeySource = Arc<
+    dyn Fn(&ProviderConfig) -> Result<Option<tower_llm::providers::ApiKey>, ConfigError>
+        + Send
+        + Sync,
+>;
+
+/// What the HTTP transport must be.
+pub type Transport = tower_llm::providers::https::HttpsClient;
+
+/// The routes of one policy: swapped whole on reload.
+pub(crate) struct Routes {
+    /// The policy they were built from.
+    pub(crate) policy: Policy,
+    pub(crate) unary: HashMap<String, RouteService<ChatResponse>>,
+    pub(crate) stream: HashMap<String, RouteService<ChatStream>>,
+    /// What the handler needs to know of each route.
+    pub(crate) info: HashMap<String, Arc<RouteInfo>>,
+}
+
+/// What the HTTP handler needs to know of a route.
+#[derive(Debug)]
+pub(crate) struct RouteInfo {
+    /// The call's budget (the route's resolved deadline).
+    pub(crate) deadline: Duration,
+    /// The links whose answers need verification: (provider, model).
+    pub(crate) verify: Vec<(String, String)>,
+}
+
+/// The gateway: the routes of the running policy, the breaker store (one
+/// for the gateway's life, so circuits survive reloads), the metrics, the
+/// probes and the server-wide budgets.
+///
+/// Build it with [`Gateway::new`], serve [`Gateway::router`] with
+/// [`serve`](crate::serve), reload with [`Gateway::reload`] or
+/// [`reload_on_change`].
+pub struct Gateway {
+    pub(crate) routes: ArcSwap<Routes>,
+    pub(crate) breaker: BreakerLayer,
+    pub(crate) metrics: Metrics,
+    pub(crate) genai: GenAiMetrics,
+    pub(crate) registry: prometheus::Registry,
+    _meters: SdkMeterProvider,
+    _gauges: [opentelemetry::metrics::ObservableGauge<i64>; 2],
+    pub(crate) transport: Transport,
+    pub(crate) keys: KeySource,
+    pub(crate) probes: Arc<Mutex<HashMap<String, Probe>>>,
+    /// The bearer token of the operator endpoints (none: read-only).
+    pub(crate) admin_token: arc_swap::ArcSwapOption<crate::admin::AdminToken>,
+    /// Each provider's bulkhead, kept across reloads while its limit is
+    /// unchanged, so calls in flight keep counting.
+    pub(crate) bulkheads: Bulkheads,
+    /// The server limits the gateway started with (`[server]`; a reload
+    /// keeps them).
+    pub(crate) server: ServerPolicy,
+    /// Chat calls in flight (`server.max_in_flight`).
+    pub(crate) in_flight: Arc<Semaphore>,
+    /// Bytes of request bodies held (`server.max_body_bytes_in_flight`).
+    pub(crate) body_bytes: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Routes and keys stay out: a key must never reach a log.
+        f.debug_struct("Gateway")
+            .field(
+                "routes",
+                &self.routes.load().unary.keys().collect::<Vec<_>>(),
+            )
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// A gateway serving `policy` over `transport`.
+    ///
+    /// # Errors
+    ///
+    /// A provider that cannot be built (a missing key).
+    pub fn new(
+        policy: Policy,
+        transport: Transport,
+        keys: KeySource,
+    ) -> Result<Arc<Self>, ConfigError> {
+        policy.validate()?;
+        let registry = prometheus::Registry::new();
+        let exporter = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .build()
+            .map_err(|e| ConfigError::new(format!("metrics exporter: {e}")))?;
+        let meters = SdkMeterProvider::builder().with_reader(exporter).build();
+        let meter = meters.meter("tower-llm");
+        let breaker = BreakerLayer::new();
+        let circuits = breaker.handle().register_gauge(&meter);
+        let probes: Arc<Mutex<HashMap<String, Probe>>> = Arc::default();
+        let up = provider_up_gauge(&meter, probes.clone());
+        let metrics = Metrics::new(&meter);
+        let genai = GenAiMetrics::new(&meter);
+        let bulkheads = Bulkheads::default();
+        let routes = build(
+            &policy, &breaker, &metrics, &genai, &transport, &keys, &bulkheads,
+        )?;
+        let server = routes.policy.server;
+        Ok(Arc::new(Gateway {
+            routes: ArcSwap::from_pointee(routes),
+            breaker,
+            metrics,
+            genai,
+            registry,
+            _meters: meters,
+            _gauges: [circuits, up],
+            transport,
+            keys,
+            probes,
+            admin_token: arc_swap::ArcSwapOption::empty(),
+            bulkheads,
+            in_flight: Arc::new(Semaphore::new(server.max_in_flight)),
+            body_bytes: Arc::new(Semaphore::new(server.max_body_bytes_in_flight)),
+            server,
+        }))
+    }
+
+    /// Validates `policy` and swaps it in: calls in flight finish on the
+    /// policy they started with; circuits of keys that still exist keep
+    /// their state. On error the running policy stays.
+    ///
+    /// # Errors
+    ///
+    /// Why `policy` cannot be served.
+    pub fn reload(&self, policy: Policy) -> Result<(), ConfigError> {
+        policy.validate()?;
+        if policy.server != self.server {
+            tracing::warn!(
+                target: "gateway",
+                "the [server] section changed: its limits take effect at the next start"
+            );
+        }
+        let routes = build(
+            &policy,
+            &self.breaker,
+            &self.metrics,
+            &self.genai,
+            &self.transport,
+            &self.keys,
+            &self.bulkheads,
+        )?;
+        self.routes.store(Arc::new(routes));
+        Ok(())
+    }
+
+    /// The policy being served.
+    pub fn policy(&self) -> Policy {
+        self.routes.load().policy.clone()
+    }
+
+    /// The server limits the gateway started with.
+    pub fn server_limits(&self) -> ServerPolicy {
+        self.server
+    }
+
+    /// The breaker's handle (circuit snapshots, manual control).
+    pub fn breaker(&self) -> BreakerHandle {
+        self.breaker.handle()
+    }
+}
+
+/// `provider_up`: 1 when the provider's last probe answered 2xx, 0
+/// otherwise (only providers with a `health_url`, once probed).
+fn provider_up_gauge(
+    meter: &opentelemetry::metrics::Meter,
+    probes: Arc<Mutex<HashMap<String, Probe>>>,
+) -> opentelemetry::metrics::ObservableGauge<i64> {
+    meter
+        .i64_observable_gauge("provider_up")
+        .with_description("1 when the provider's last health probe answered 2xx, else 0")
+        .with_callback(move |observer| {
+            let probes = probes.lock().unwrap_or_else(PoisonError::into_inner);
+            for (name, probe) in probes.iter() {
+                observer.observe(
+                    i64::from(probe.ok),
+                    &[opentelemetry::KeyValue::new("provider", name.clone())],
+                );
+            }
+        })
+        .build()
+}
+
+/// What the reload watcher compares: a file's modification time and size.
+type Seen = Option<(SystemTime, u64)>;
+
+fn seen(path: &std::path::Path) -> Seen {
+    std::fs::metadata(path)
+        .ok()
+        .and_then(|m| Some((m.modified().ok()?, m.len())))
+}
+
+/// Reloads the policy on SIGHUP and when the file changes (checked every
+/// second). A changed file is read once it has stayed unchanged for
+/// `server.reload_settle_ms` (so a writer that truncates and then rewrites
+/// is never caught half-way); a file that does not parse or validate (an
+/// empty one, one without routes) is logged and refused, and the running
+/// policy stays. Calls in flight are never dropped: each keeps the routes
+/// it started with.
+pub async fn reload_on_change(gateway: Arc<Gateway>, path: std::path::PathBuf) {
+    let settle = gateway.server.reload_settle();
+    let mut last = seen(&path);
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        #[cfg(unix)]
+        let signalled = async {
+            match hup.as_mut() {
+                Some(h) => h.recv().await.is_some(),
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let signalled = std::future::pending::<bool>();
+        let forced = tokio::select! {
+            _ = tick.tick() => false,
+            s = signalled => s,
+        };
+        let mut now = seen(&path);
+        if !forced && now == last {
+            continue;
+        }
+        // Wait for the writer to finish: unchanged for a whole settle time.
+        loop {
+            tokio::time::sleep(settle).await;
+            let again = seen(&path);
+            if again == now {
+                break;
+            }
+            now = again;
+        }
+        last = now;
+        let result = std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| Policy::from_toml(&text).map_err(|e| e.to_string()))
+            .and_then(|policy| gateway.reload(policy).map_err(|e| e.to_string()));
+        match result {
+            Ok(()) => tracing::info!(target: "gateway", path = %path.display(), "policy reloaded"),
+            Err(e) => {
+                tracing::error!(target: "gateway", path = %path.display(), error = %e, "reload refused; the running policy stays")
+            }
+        }
+    }
+}
