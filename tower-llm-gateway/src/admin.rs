@@ -33,7 +33,7 @@ impl fmt::Debug for AdminToken {
 impl AdminToken {
     /// `true` when `offered` is the token, compared in time that does not
     /// depend on where they differ.
-    fn matches(&self, offered: &str) -> bool {
+    pub(crate) fn matches(&self, offered: &str) -> bool {
         let (a, b) = (self.0.as_bytes(), offered.as_bytes());
         let mut diff = u8::from(a.len() != b.len());
         for (i, x) in a.iter().enumerate() {

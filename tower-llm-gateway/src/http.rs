@@ -54,6 +54,7 @@ impl Gateway {
                 get(circuits).post(crate::admin::control),
             )
             .route("/health/providers", get(providers))
+            .route("/status", get(crate::status::page))
             .with_state(self)
             .layer(
                 tower::ServiceBuilder::new()
@@ -337,7 +338,12 @@ async fn chat(
             return unknown_route(&req.model);
         };
         drop(routes);
-        match svc.oneshot(req).instrument(span).await {
+        let result = svc.oneshot(req).instrument(span).await;
+        match &result {
+            Ok(stream) => gw.status.observe(stream.attempts(), true),
+            Err(f) => gw.status.observe(f.attempts(), true),
+        }
+        match result {
             Ok(stream) => sse(
                 stream,
                 include_usage,
@@ -353,7 +359,12 @@ async fn chat(
             return unknown_route(&req.model);
         };
         drop(routes);
-        match svc.oneshot(req).instrument(span).await {
+        let result = svc.oneshot(req).instrument(span).await;
+        match &result {
+            Ok(res) => gw.status.observe(&res.attempts, false),
+            Err(f) => gw.status.observe(f.attempts(), false),
+        }
+        match result {
             Ok(res) => {
                 let json = match serde_json::to_vec(&encode_response(&res, &res.model, now_unix()))
                 {

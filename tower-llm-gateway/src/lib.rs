@@ -52,6 +52,7 @@ mod http;
 mod routes;
 mod server;
 mod state;
+mod status;
 
 pub use health::{Probe, probe_loop};
 pub use http::MAX_REQUEST_BODY;

@@ -78,6 +78,11 @@ pub struct Gateway {
     pub(crate) in_flight: Arc<Semaphore>,
     /// Bytes of request bodies held (`server.max_body_bytes_in_flight`).
     pub(crate) body_bytes: Arc<Semaphore>,
+    /// Per-link counts of the last 15 minutes, for `GET /status`.
+    pub(crate) status: crate::status::StatusBoard,
+    /// Why the last reload from the policy file failed (cleared by one
+    /// that succeeds), for `GET /status`.
+    pub(crate) reload_error: arc_swap::ArcSwapOption<String>,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -139,6 +144,8 @@ impl Gateway {
             in_flight: Arc::new(Semaphore::new(server.max_in_flight)),
             body_bytes: Arc::new(Semaphore::new(server.max_body_bytes_in_flight)),
             server,
+            status: crate::status::StatusBoard::default(),
+            reload_error: arc_swap::ArcSwapOption::empty(),
         }))
     }
 
@@ -168,6 +175,31 @@ impl Gateway {
         )?;
         self.routes.store(Arc::new(routes));
         Ok(())
+    }
+
+    /// Reads, validates and swaps in the policy file at `path`, as the
+    /// reload watcher does: the outcome is logged, and a failure is shown
+    /// on `GET /status` until a reload succeeds (the running policy stays).
+    ///
+    /// # Errors
+    ///
+    /// Why the file cannot be served (unreadable, invalid, refused).
+    pub fn reload_from_file(&self, path: &std::path::Path) -> Result<(), String> {
+        let result = std::fs::read_to_string(path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| Policy::from_toml(&text).map_err(|e| e.to_string()))
+            .and_then(|policy| self.reload(policy).map_err(|e| e.to_string()));
+        match &result {
+            Ok(()) => {
+                self.reload_error.store(None);
+                tracing::info!(target: "gateway", path = %path.display(), "policy reloaded");
+            }
+            Err(e) => {
+                tracing::error!(target: "gateway", path = %path.display(), error = %e, "reload refused; the running policy stays");
+                self.reload_error.store(Some(Arc::new(e.clone())));
+            }
+        }
+        result
     }
 
     /// The policy being served.
@@ -257,15 +289,7 @@ pub async fn reload_on_change(gateway: Arc<Gateway>, path: std::path::PathBuf) {
             now = again;
         }
         last = now;
-        let result = std::fs::read_to_string(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|text| Policy::from_toml(&text).map_err(|e| e.to_string()))
-            .and_then(|policy| gateway.reload(policy).map_err(|e| e.to_string()));
-        match result {
-            Ok(()) => tracing::info!(target: "gateway", path = %path.display(), "policy reloaded"),
-            Err(e) => {
-                tracing::error!(target: "gateway", path = %path.display(), error = %e, "reload refused; the running policy stays")
-            }
-        }
+        // Logged and shown on `GET /status` by `reload_from_file`.
+        let _ = gateway.reload_from_file(&path);
     }
 }

@@ -1,0 +1,506 @@
+//! `GET /status`: one server-rendered HTML page for operators.
+//!
+//! Per route, its chain; per link: the circuit's state (closed, open until
+//! a time, half-open), the provider's last probe, attempts, failures (by
+//! class) and failovers over the last 1, 5 and 15 minutes, and the p50 and
+//! p99 latency (unary answers) and time to first token (streams) of each
+//! of the last 15 minutes as inline SVG sparklines. A banner shows a
+//! policy reload that failed. No script framework, no external asset; the
+//! page refreshes itself every 5 s.
+//!
+//! The numbers come from the attempt records of each finished call: the
+//! same records the call's metrics are recorded from, read once more, in
+//! fifteen one-minute slots per link (bounded: at most [`MAX_LINKS`]
+//! links, a fixed-size histogram per slot). Every string from
+//! configuration, a provider or an error is HTML-escaped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use tokio::time::Instant;
+use tower_llm::breaker::CircuitState;
+use tower_llm::{AttemptOutcome, AttemptRecord, NextStep};
+
+use crate::Gateway;
+
+/// Links tracked at most (provider and model names come from the policy,
+/// a closed set; this bounds memory whatever it says).
+pub(crate) const MAX_LINKS: usize = 1024;
+/// One-minute slots kept per link.
+const MINUTES: usize = 15;
+/// Latency buckets: bucket `i` holds latencies up to 2^(i/2) ms (the last
+/// one, everything over about 65 s).
+const BUCKETS: usize = 33;
+
+#[derive(Debug, Clone, Copy)]
+struct Histogram {
+    counts: [u32; BUCKETS],
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            counts: [0; BUCKETS],
+        }
+    }
+}
+
+impl Histogram {
+    fn record(&mut self, d: Duration) {
+        let ms = d.as_secs_f64() * 1_000.0;
+        let i = if ms <= 1.0 {
+            0
+        } else {
+            ((ms.log2() * 2.0).ceil() as usize).min(BUCKETS - 1)
+        };
+        self.counts[i] = self.counts[i].saturating_add(1);
+    }
+
+    /// The upper bound of the bucket holding quantile `q`, in ms.
+    fn quantile(&self, q: f64) -> Option<f64> {
+        let total: u64 = self.counts.iter().map(|&c| u64::from(c)).sum();
+        if total == 0 {
+            return None;
+        }
+        let target = ((q * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            seen += u64::from(c);
+            if seen >= target {
+                return Some((i as f64 / 2.0).exp2());
+            }
+        }
+        None
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Minute {
+    /// Minutes since the board started; the slot is stale when older.
+    epoch: u64,
+    attempts: u32,
+    failures: u32,
+    failovers: u32,
+    classes: BTreeMap<&'static str, u32>,
+    latency: Histogram,
+    ttft: Histogram,
+}
+
+#[derive(Debug, Default)]
+struct Link {
+    minutes: [Minute; MINUTES],
+}
+
+/// Per-link counts of the last 15 minutes.
+#[derive(Debug)]
+pub(crate) struct StatusBoard {
+    links: Mutex<HashMap<(Arc<str>, Arc<str>), Link>>,
+    origin: Instant,
+}
+
+impl Default for StatusBoard {
+    fn default() -> Self {
+        StatusBoard {
+            links: Mutex::default(),
+            origin: Instant::now(),
+        }
+    }
+}
+
+/// A link's counts over a number of minutes.
+#[derive(Debug, Default, Clone)]
+struct Window {
+    attempts: u64,
+    failures: u64,
+    failovers: u64,
+    classes: BTreeMap<&'static str, u64>,
+}
+
+impl StatusBoard {
+    fn minute(&self) -> u64 {
+        Instant::now()
+            .saturating_duration_since(self.origin)
+            .as_secs()
+            / 60
+    }
+
+    /// Counts the attempts of one finished call (`streamed`: its attempts'
+    /// times are times to first token).
+    pub(crate) fn observe(&self, records: &[AttemptRecord], streamed: bool) {
+        if records.is_empty() {
+            return;
+        }
+        let now = self.minute();
+        let mut links = self.links.lock().unwrap_or_else(PoisonError::into_inner);
+        for r in records {
+            if matches!(
+                r.outcome,
+                AttemptOutcome::SkippedByPolicy | AttemptOutcome::InFlight
+            ) {
+                continue;
+            }
+            let key = (r.provider.clone(), r.model.clone());
+            if !links.contains_key(&key) && links.len() >= MAX_LINKS {
+                continue;
+            }
+            let link = links.entry(key).or_default();
+            let slot = &mut link.minutes[(now % MINUTES as u64) as usize];
+            if slot.epoch != now {
+                *slot = Minute {
+                    epoch: now,
+                    ..Minute::default()
+                };
+            }
+            slot.attempts = slot.attempts.saturating_add(1);
+            if r.next == NextStep::FailedOver {
+                slot.failovers = slot.failovers.saturating_add(1);
+            }
+            match r.outcome {
+                AttemptOutcome::Failed(class) => {
+                    slot.failures = slot.failures.saturating_add(1);
+                    *slot.classes.entry(class.as_metric_label()).or_default() += 1;
+                }
+                AttemptOutcome::Succeeded if streamed => slot.ttft.record(r.elapsed),
+                AttemptOutcome::Succeeded => slot.latency.record(r.elapsed),
+                _ => {}
+            }
+        }
+    }
+
+    /// Counts of `provider`/`model` over the last `minutes` minutes, and the
+    /// p50/p99 latency and time to first token of each of the last 15.
+    fn read(&self, provider: &str, model: &str, now: u64) -> ([Window; 3], Series) {
+        let links = self.links.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut windows: [Window; 3] = Default::default();
+        let mut series = Series::default();
+        let Some(link) = links.get(&(Arc::from(provider), Arc::from(model))) else {
+            return (windows, series);
+        };
+        for age in 0..MINUTES as u64 {
+            let Some(epoch) = now.checked_sub(age) else {
+                break;
+            };
+            let slot = &link.minutes[(epoch % MINUTES as u64) as usize];
+            let fresh = slot.epoch == epoch && slot.attempts > 0;
+            let at = MINUTES - 1 - age as usize;
+            if fresh {
+                series.latency[at] = (slot.latency.quantile(0.5), slot.latency.quantile(0.99));
+                series.ttft[at] = (slot.ttft.quantile(0.5), slot.ttft.quantile(0.99));
+            }
+            for (w, span) in windows.iter_mut().zip([1, 5, 15]) {
+                if fresh && age < span {
+                    w.attempts += u64::from(slot.attempts);
+                    w.failures += u64::from(slot.failures);
+                    w.failovers += u64::from(slot.failovers);
+                    for (class, n) in &slot.classes {
+                        *w.classes.entry(class).or_default() += u64::from(*n);
+                    }
+                }
+            }
+        }
+        (windows, series)
+    }
+}
+
+/// p50 and p99 per minute, oldest first (`None`: no answer that minute).
+#[derive(Debug, Default)]
+struct Series {
+    latency: [(Option<f64>, Option<f64>); MINUTES],
+    ttft: [(Option<f64>, Option<f64>); MINUTES],
+}
+
+/// HTML-escapes `s` (text and attribute values).
+pub(crate) fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A sparkline of the p50 (solid) and p99 (dashed) of each minute, on a
+/// log scale from 1 ms to 60 s.
+fn sparkline(points: &[(Option<f64>, Option<f64>); MINUTES], label: &str) -> String {
+    const W: f64 = 150.0;
+    const H: f64 = 32.0;
+    let y = |ms: f64| {
+        let t = (ms.max(1.0).log10() / 60_000f64.log10()).clamp(0.0, 1.0);
+        H - 2.0 - t * (H - 4.0)
+    };
+    let x = |i: usize| 2.0 + i as f64 * (W - 4.0) / (MINUTES - 1) as f64;
+    let line = |pick: fn(&(Option<f64>, Option<f64>)) -> Option<f64>| {
+        let mut d = String::new();
+        let mut pen_down = false;
+        for (i, p) in points.iter().enumerate() {
+            match pick(p) {
+                Some(v) => {
+                    let _ = write!(
+                        d,
+                        "{}{:.1},{:.1} ",
+                        if pen_down { "L" } else { "M" },
+                        x(i),
+                        y(v)
+                    );
+                    pen_down = true;
+                }
+                None => pen_down = false,
+            }
+        }
+        d
+    };
+    let last = points.iter().rev().find_map(|p| p.0.zip(p.1));
+    let caption = match last {
+        Some((p50, p99)) => format!("{label} p50 {p50:.0} ms, p99 {p99:.0} ms"),
+        None => format!("{label}: no answers"),
+    };
+    format!(
+        "<svg class=\"spark\" width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" role=\"img\" aria-label=\"{}\"><title>{}</title>\
+<path d=\"{}\" fill=\"none\" stroke=\"#2471a3\" stroke-width=\"1.5\"/>\
+<path d=\"{}\" fill=\"none\" stroke=\"#c0392b\" stroke-width=\"1\" stroke-dasharray=\"3 2\"/></svg>\
+<div class=\"cap\">{}</div>",
+        escape(&caption),
+        escape(&caption),
+        line(|p| p.0),
+        line(|p| p.1),
+        escape(&caption)
+    )
+}
+
+/// A time `d` from now as UTC `HH:MM:SS`.
+fn clock_in(d: Duration) -> String {
+    let at = SystemTime::now() + d;
+    let secs = at.duration_since(UNIX_EPOCH).map_or(0, |t| t.as_secs());
+    format!(
+        "{:02}:{:02}:{:02} UTC",
+        (secs / 3600) % 24,
+        (secs / 60) % 60,
+        secs % 60
+    )
+}
+
+impl Gateway {
+    /// The status page, rendered now. `operator`: the page is for someone
+    /// who presented the admin token (it then carries the manual-control
+    /// buttons).
+    pub fn render_status(&self, operator: bool) -> String {
+        let policy = self.policy();
+        let circuits = self.breaker().snapshot();
+        let probes = self.probes();
+        let now = self.status.minute();
+        let mut page = String::with_capacity(16 << 10);
+        page.push_str(
+            "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+<meta http-equiv=\"refresh\" content=\"5\"><title>tower-llm gateway status</title><style>\
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}\
+table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:.3em .6em;vertical-align:top;text-align:left}\
+.closed{color:#1e8449}.open,.isolated{color:#c0392b;font-weight:bold}.half_open{color:#b9770e;font-weight:bold}\
+.banner{background:#fdecea;border:1px solid #c0392b;padding:.6em;margin-bottom:1em}\
+.cap{font-size:.75em;color:#555}.num{text-align:right}button{margin:.1em}\
+</style></head><body><h1>Gateway status</h1>",
+        );
+        if let Some(error) = self.reload_error.load_full() {
+            let _ = write!(
+                page,
+                "<div class=\"banner\" id=\"reload-error\"><strong>The last policy reload failed</strong>; the running policy stays: {}</div>",
+                escape(&error)
+            );
+        }
+        for route in &policy.routes {
+            let _ = write!(
+                page,
+                "<h2>Route <code>{}</code></h2><table><tr><th>#</th><th>link</th><th>circuit</th><th>last probe</th>\
+<th>attempts 1 / 5 / 15 min</th><th>failures 1 / 5 / 15 min</th><th>failovers 1 / 5 / 15 min</th><th>errors (15 min)</th>\
+<th>latency</th><th>time to first token</th>{}</tr>",
+                escape(&route.model),
+                if operator { "<th>control</th>" } else { "" }
+            );
+            for (i, link) in route.chain.iter().enumerate() {
+                let circuit = circuits
+                    .iter()
+                    .find(|c| c.key.provider() == link.provider && c.key.model() == link.model);
+                let state = match circuit {
+                    None => "<span class=\"closed\">closed</span>".to_owned(),
+                    Some(c) => {
+                        let label = c.state.as_metric_label();
+                        let until = match (c.state, c.retry_after) {
+                            (CircuitState::Open, Some(d)) => format!(" until {}", clock_in(d)),
+                            _ => String::new(),
+                        };
+                        let label = label.replace('_', "-");
+                        let streak = match c.state {
+                            CircuitState::Closed => {
+                                format!(" ({} failures in a row)", c.consecutive_failures)
+                            }
+                            _ => String::new(),
+                        };
+                        format!(
+                            "<span class=\"{}\">{}{}</span>{streak}",
+                            escape(c.state.as_metric_label()),
+                            escape(&label),
+                            escape(&until),
+                        )
+                    }
+                };
+                let probe = match probes.get(&link.provider) {
+                    None => "not probed".to_owned(),
+                    Some(p) if p.ok => format!("up ({} ms)", p.latency_ms),
+                    Some(p) => format!(
+                        "<span class=\"open\">down</span>: {}",
+                        escape(
+                            &p.error
+                                .clone()
+                                .or(p.status.map(|s| format!("HTTP {s}")))
+                                .unwrap_or_default()
+                        )
+                    ),
+                };
+                let (windows, series) = self.status.read(&link.provider, &link.model, now);
+                let triple = |f: fn(&Window) -> u64| {
+                    format!(
+                        "{} / {} / {}",
+                        f(&windows[0]),
+                        f(&windows[1]),
+                        f(&windows[2])
+                    )
+                };
+                let classes = if windows[2].classes.is_empty() {
+                    "none".to_owned()
+                } else {
+                    windows[2]
+                        .classes
+                        .iter()
+                        .map(|(c, n)| format!("{} {n}", escape(c)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                let control = if operator {
+                    let args = format!(
+                        "'{}','{}'",
+                        escape(&js_string(&link.provider)),
+                        escape(&js_string(&link.model))
+                    );
+                    format!(
+                        "<td><button onclick=\"ctl('open',{args})\">force open</button>\
+<button onclick=\"ctl('close',{args})\">force close</button><button onclick=\"ctl('reset',{args})\">reset</button></td>"
+                    )
+                } else {
+                    String::new()
+                };
+                let _ = write!(
+                    page,
+                    "<tr><td>{i}</td><td><code>{}</code> / <code>{}</code></td><td>{state}</td><td>{probe}</td>\
+<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{classes}</td><td>{}</td><td>{}</td>{control}</tr>",
+                    escape(&link.provider),
+                    escape(&link.model),
+                    triple(|w| w.attempts),
+                    triple(|w| w.failures),
+                    triple(|w| w.failovers),
+                    sparkline(&series.latency, "latency"),
+                    sparkline(&series.ttft, "time to first token"),
+                );
+            }
+            page.push_str("</table>");
+        }
+        if operator {
+            // The token stays in the page of the operator who presented it
+            // (the page is never cached); the buttons post to
+            // /health/circuits with it.
+            page.push_str(
+                "<script>function ctl(a,p,m){fetch('/health/circuits',{method:'POST',headers:{'content-type':'application/json',\
+'authorization':document.body.dataset.auth},body:JSON.stringify({action:a,provider:p,model:m})}).then(()=>location.reload())}</script>",
+            );
+        }
+        let _ = write!(
+            page,
+            "<p class=\"cap\">Rendered {}; refreshes every 5 s. Sparklines: p50 (solid) and p99 (dashed) per minute, last 15 minutes, log scale 1 ms to 60 s.</p></body></html>",
+            clock_in(Duration::ZERO)
+        );
+        page
+    }
+}
+
+/// `s` as the inside of a single-quoted JavaScript string (then
+/// HTML-escaped for the attribute it sits in).
+fn js_string(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| match c {
+            '\\' => vec!['\\', '\\'],
+            '\'' => vec!['\\', '\''],
+            c if c.is_control() => vec![' '],
+            c => vec![c],
+        })
+        .collect()
+}
+
+/// `GET /status`.
+pub(crate) async fn page(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let operator = match (gw.admin_token.load_full(), presented) {
+        (Some(token), Some(offered)) => token.matches(offered),
+        _ => false,
+    };
+    let mut html = gw.render_status(operator);
+    if operator {
+        if let Some(offered) = presented {
+            // For the buttons' script: `data-auth` on the body.
+            html = html.replacen(
+                "<body>",
+                &format!("<body data-auth=\"Bearer {}\">", escape(offered)),
+                1,
+            );
+        }
+    }
+    let mut res = html.into_response();
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        "content-security-policy",
+        HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:"),
+    );
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_covers_text_and_attributes() {
+        assert_eq!(
+            escape(r#"<script>alert("x") & 'y'</script>"#),
+            "&lt;script&gt;alert(&quot;x&quot;) &amp; &#39;y&#39;&lt;/script&gt;"
+        );
+    }
+
+    #[test]
+    fn histogram_quantiles_are_bucket_bounds() {
+        let mut h = Histogram::default();
+        for _ in 0..99 {
+            h.record(Duration::from_millis(20));
+        }
+        h.record(Duration::from_secs(3));
+        // 20 ms falls in the bucket up to 2^(9/2) ≈ 22.6 ms.
+        assert!((h.quantile(0.5).expect("some") - 22.6).abs() < 0.1);
+        assert!(h.quantile(0.999).expect("some") >= 3_000.0);
+        assert_eq!(Histogram::default().quantile(0.5), None);
+    }
+}
