@@ -96,10 +96,16 @@ struct Link {
     minutes: [Minute; MINUTES],
 }
 
+/// A link by its provider and model names.
+type LinkName = (Arc<str>, Arc<str>);
+
+/// A minute's p50 and p99, in ms (`None`: no answer that minute).
+type Quantiles = (Option<f64>, Option<f64>);
+
 /// Per-link counts of the last 15 minutes.
 #[derive(Debug)]
 pub(crate) struct StatusBoard {
-    links: Mutex<HashMap<(Arc<str>, Arc<str>), Link>>,
+    links: Mutex<HashMap<LinkName, Link>>,
     origin: Instant,
 }
 
@@ -210,8 +216,8 @@ impl StatusBoard {
 /// p50 and p99 per minute, oldest first (`None`: no answer that minute).
 #[derive(Debug, Default)]
 struct Series {
-    latency: [(Option<f64>, Option<f64>); MINUTES],
-    ttft: [(Option<f64>, Option<f64>); MINUTES],
+    latency: [Quantiles; MINUTES],
+    ttft: [Quantiles; MINUTES],
 }
 
 /// HTML-escapes `s` (text and attribute values).
@@ -232,7 +238,7 @@ pub(crate) fn escape(s: &str) -> String {
 
 /// A sparkline of the p50 (solid) and p99 (dashed) of each minute, on a
 /// log scale from 1 ms to 60 s.
-fn sparkline(points: &[(Option<f64>, Option<f64>); MINUTES], label: &str) -> String {
+fn sparkline(points: &[Quantiles; MINUTES], label: &str) -> String {
     const W: f64 = 150.0;
     const H: f64 = 32.0;
     let y = |ms: f64| {
@@ -240,7 +246,7 @@ fn sparkline(points: &[(Option<f64>, Option<f64>); MINUTES], label: &str) -> Str
         H - 2.0 - t * (H - 4.0)
     };
     let x = |i: usize| 2.0 + i as f64 * (W - 4.0) / (MINUTES - 1) as f64;
-    let line = |pick: fn(&(Option<f64>, Option<f64>)) -> Option<f64>| {
+    let line = |pick: fn(&Quantiles) -> Option<f64>| {
         let mut d = String::new();
         let mut pen_down = false;
         for (i, p) in points.iter().enumerate() {
