@@ -267,6 +267,15 @@ fn sparkline(points: &[Quantiles; MINUTES], label: &str) -> String {
         d
     };
     let last = points.iter().rev().find_map(|p| p.0.zip(p.1));
+    // The latest minute's p50 as a dot (a lone minute draws no line).
+    let dot = points
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(i, p)| p.0.map(|v| (x(i), y(v))))
+        .map_or(String::new(), |(cx, cy)| {
+            format!("<circle cx=\"{cx:.1}\" cy=\"{cy:.1}\" r=\"2.5\" fill=\"#2471a3\"/>")
+        });
     let caption = match last {
         Some((p50, p99)) => format!("{label} p50 {p50:.0} ms, p99 {p99:.0} ms"),
         None => format!("{label}: no answers"),
@@ -274,7 +283,7 @@ fn sparkline(points: &[Quantiles; MINUTES], label: &str) -> String {
     format!(
         "<svg class=\"spark\" width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" role=\"img\" aria-label=\"{}\"><title>{}</title>\
 <path d=\"{}\" fill=\"none\" stroke=\"#2471a3\" stroke-width=\"1.5\"/>\
-<path d=\"{}\" fill=\"none\" stroke=\"#c0392b\" stroke-width=\"1\" stroke-dasharray=\"3 2\"/></svg>\
+<path d=\"{}\" fill=\"none\" stroke=\"#c0392b\" stroke-width=\"1\" stroke-dasharray=\"3 2\"/>{dot}</svg>\
 <div class=\"cap\">{}</div>",
         escape(&caption),
         escape(&caption),
