@@ -1,9 +1,19 @@
 //! One circuit: the state machine of one key.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
+
+// Model-checked with loom (`tests/loom.rs`, `--cfg tower_llm_loom`): the
+// circuit's atomics and its lock are loom's there.
+#[cfg(tower_llm_loom)]
+use loom::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+#[cfg(tower_llm_loom)]
+use loom::sync::{Mutex, MutexGuard};
+#[cfg(not(tower_llm_loom))]
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+#[cfg(not(tower_llm_loom))]
+use std::sync::{Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
