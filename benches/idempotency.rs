@@ -13,11 +13,10 @@
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use tower::{Service, ServiceBuilder, service_fn};
 use tower_llm::idempotency::{IdempotencyConfig, IdempotencyLayer};
-use tower_llm::{ChatRequest, ChatResponse, Failure, IdempotencyKey, Message, Metrics, Usage};
+use tower_llm::{ChatRequest, ChatResponse, Failure, IdempotencyKey, Message, Metrics};
 
 mod support;
 use support::current_thread;
@@ -27,13 +26,7 @@ fn answer() -> ChatResponse {
         id: "1".into(),
         model: "m".into(),
         provider: "mock".into(),
-        fallback_position: 0,
-        degraded: false,
-        idempotent_replayed: false,
-        choices: vec![],
-        usage: Usage::default(),
-        latency: Duration::ZERO,
-        attempts: vec![],
+        ..ChatResponse::default()
     }
 }
 

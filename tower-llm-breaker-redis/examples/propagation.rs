@@ -17,20 +17,14 @@ use std::time::{Duration, Instant};
 use tower::{Layer, ServiceExt, service_fn};
 use tower_llm_breaker::{BreakerConfig, BreakerKey, BreakerLayer, CircuitState};
 use tower_llm_breaker_redis::RedisStore;
-use tower_llm_core::{ChatRequest, ChatResponse, Failure, FailureClass, Link, Message, Usage};
+use tower_llm_core::{ChatRequest, ChatResponse, Failure, FailureClass, Link, Message};
 
 fn ok(req: &ChatRequest) -> ChatResponse {
     ChatResponse {
         id: "id".into(),
         model: req.model.to_string(),
         provider: "p".into(),
-        fallback_position: 0,
-        degraded: false,
-        idempotent_replayed: false,
-        choices: vec![],
-        usage: Usage::default(),
-        latency: Duration::ZERO,
-        attempts: vec![],
+        ..ChatResponse::default()
     }
 }
 

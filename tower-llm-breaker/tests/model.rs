@@ -14,7 +14,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use tower::{Service, ServiceExt, service_fn};
 use tower_llm_breaker::{BreakerConfig, BreakerLayer};
-use tower_llm_core::{ChatRequest, ChatResponse, Failure, FailureClass, Message, Usage};
+use tower_llm_core::{ChatRequest, ChatResponse, Failure, FailureClass, Message};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Op {
@@ -108,13 +108,7 @@ fn answer() -> ChatResponse {
         id: "1".into(),
         model: "m".into(),
         provider: "p".into(),
-        fallback_position: 0,
-        degraded: false,
-        idempotent_replayed: false,
-        choices: vec![],
-        usage: Usage::default(),
-        latency: Duration::ZERO,
-        attempts: vec![],
+        ..ChatResponse::default()
     }
 }
 

@@ -290,7 +290,10 @@ pub struct Choice {
 }
 
 /// A provider-neutral chat answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// `Default` is an empty answer, for building one field by field (test
+/// doubles, degraded answers): `ChatResponse { id, ..Default::default() }`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatResponse {
     /// The provider's id of the answer.
     pub id: String,

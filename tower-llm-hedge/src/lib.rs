@@ -28,8 +28,7 @@
 //!         tokio::time::sleep(Duration::from_millis(wait)).await;
 //!         Ok::<_, Failure>(ChatResponse {
 //!             id: n.to_string(), model: "m".into(), provider: "mock".into(),
-//!             fallback_position: 0, degraded: false, idempotent_replayed: false, choices: vec![],
-//!             usage: Usage::default(), latency: Duration::ZERO, attempts: vec![],
+//!             ..ChatResponse::default()
 //!         })
 //!     }
 //! });

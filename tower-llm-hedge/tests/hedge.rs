@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_core::{
-    AttemptOutcome, ChatRequest, ChatResponse, Failure, FailureClass, Message, NotReplayable, Usage,
+    AttemptOutcome, ChatRequest, ChatResponse, Failure, FailureClass, Message, NotReplayable,
 };
 use tower_llm_deadline::DeadlineLayer;
 use tower_llm_hedge::{HedgeConfig, HedgeLayer};
@@ -102,13 +102,7 @@ fn answer(n: usize) -> ChatResponse {
         id: n.to_string(),
         model: "m".into(),
         provider: "mock".into(),
-        fallback_position: 0,
-        degraded: false,
-        idempotent_replayed: false,
-        choices: vec![],
-        usage: Usage::default(),
-        latency: Duration::ZERO,
-        attempts: vec![],
+        ..ChatResponse::default()
     }
 }
 

@@ -46,9 +46,7 @@
 //!     async move {
 //!         Ok::<_, Failure>(ChatResponse {
 //!             id: format!("answer {n}"), model: "m".into(), provider: "mock".into(),
-//!             fallback_position: 0, degraded: false, idempotent_replayed: false,
-//!             choices: vec![], usage: Usage::default(), latency: Duration::ZERO,
-//!             attempts: vec![],
+//!             ..ChatResponse::default()
 //!         })
 //!     }
 //! });

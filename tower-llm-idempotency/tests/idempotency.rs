@@ -8,7 +8,7 @@ use std::time::Duration;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_core::{
     AttemptOutcome, ChatChunk, ChatRequest, ChatResponse, ChatStream, Failure, FailureClass,
-    IdempotencyKey, Message, Usage,
+    IdempotencyKey, Message,
 };
 use tower_llm_deadline::DeadlineLayer;
 use tower_llm_idempotency::{Concurrent, IdempotencyConfig, IdempotencyLayer, MemoryStore};
@@ -58,13 +58,7 @@ impl Provider {
                     id: format!("answer {n}"),
                     model: "m".into(),
                     provider: "mock".into(),
-                    fallback_position: 0,
-                    degraded: false,
-                    idempotent_replayed: false,
-                    choices: vec![],
-                    usage: Usage::default(),
-                    latency: Duration::ZERO,
-                    attempts: vec![],
+                    ..ChatResponse::default()
                 })
             }
         })
