@@ -14,7 +14,7 @@
 //! ```
 //! use std::time::Duration;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
-//! use tower_llm_core::{ChatRequest, ChatResponse, Failure, Message, Usage};
+//! use tower_llm_core::{ChatRequest, ChatResponse, Failure, Message};
 //! use tower_llm_hedge::{HedgeConfig, HedgeLayer};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]

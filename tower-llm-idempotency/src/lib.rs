@@ -34,7 +34,7 @@
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //! use std::time::Duration;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
-//! use tower_llm_core::{ChatRequest, ChatResponse, Failure, IdempotencyKey, Message, Usage};
+//! use tower_llm_core::{ChatRequest, ChatResponse, Failure, IdempotencyKey, Message};
 //! use tower_llm_idempotency::{IdempotencyConfig, IdempotencyLayer};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
