@@ -456,8 +456,10 @@ async fn a_frozen_redis_costs_a_call_at_most_the_command_timeout() {
         took >= Duration::from_millis(200),
         "it waited on Redis: {took:?}"
     );
+    // The 250 ms command timeout, plus slack for a machine busy with
+    // other builds.
     assert!(
-        took < Duration::from_millis(600),
+        took < Duration::from_secs(1),
         "bounded by the timeout: {took:?}"
     );
     // Already marked down: the next call does not wait on Redis at all.
@@ -467,7 +469,11 @@ async fn a_frozen_redis_costs_a_call_at_most_the_command_timeout() {
         .await
         .expect("replayed in-process");
     assert!(again.idempotent_replayed);
-    assert!(started.elapsed() < Duration::from_millis(100));
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(200),
+        "no command timeout paid: {took:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
