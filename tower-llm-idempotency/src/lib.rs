@@ -76,9 +76,12 @@
 //! # Stores
 //!
 //! [`MemoryStore`] (the default) is in-process. Another store (shared
-//! between replicas) implements [`IdempotencyStore`]; a store that cannot
-//! answer (its server down) makes the layer serve calls without
-//! idempotency rather than fail them, and log it once.
+//! between replicas) implements [`IdempotencyStore`]: the
+//! `tower-llm-idempotency-redis` crate's `RedisStore` shares answers and
+//! reservations through Redis (and falls back to an in-process
+//! `MemoryStore` while Redis is down). A store that cannot answer
+//! ([`StoreError`]) makes the layer serve calls without idempotency rather
+//! than fail them, and log it once.
 
 mod answer;
 mod future;
