@@ -400,3 +400,38 @@ async fn idempotency_a_key_that_is_not_text_is_400() {
     assert_eq!(json["error"]["code"], "invalid_idempotency_key");
     assert!(h.primary.received().is_empty());
 }
+
+/// The text of an OpenAI SSE body: every chunk's content, joined.
+fn streamed_text(body: &str) -> String {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotency_a_stream_is_replayed_as_a_stream() {
+    let h = start(Reply::openai_stream(&["Hel", "lo"]), down(), IDEMPOTENT).await;
+    let key = [("idempotency-key", "stream-1")];
+    let first = h
+        .send("POST", "/v1/chat/completions", HELLO_STREAM, &key)
+        .await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(streamed_text(&first.body), "Hello");
+    assert!(first.headers.get("idempotent-replayed").is_none());
+    let again = h
+        .send("POST", "/v1/chat/completions", HELLO_STREAM, &key)
+        .await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.header("content-type"), "text/event-stream");
+    assert_eq!(again.header("idempotent-replayed"), "true");
+    assert_eq!(streamed_text(&again.body), "Hello");
+    assert!(again.body.ends_with("data: [DONE]\n\n"), "{}", again.body);
+    assert_eq!(h.primary.received().len(), 1);
+}
