@@ -77,6 +77,9 @@ use tower_llm_core::{
 };
 use tower_llm_deadline::{DeadlineConfig, DeadlineLayer};
 use tower_llm_fallback::{FallbackLayer, LinkSpec};
+use tower_llm_hedge::{HedgeConfig, HedgeLayer};
+use tower_llm_idempotency::IdempotentAnswer;
+use tower_llm_idempotency::{IdempotencyConfig, IdempotencyLayer};
 use tower_llm_providers::StreamTimeouts;
 use tower_llm_providers::{
     Anthropic, AnthropicConfig, ApiKey, AwsCredentials, Bedrock, BedrockConfig, OpenAi,
@@ -153,6 +156,61 @@ pub struct Policy {
     /// [`BreakerConfig`]), which routes name with `breaker_policy`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub breaker_policies: std::collections::BTreeMap<String, BreakerConfig>,
+    /// `[breaker_shared]`: share the circuits with every replica using the
+    /// same Redis (a gateway builds its breaker on
+    /// `tower_llm_breaker_redis::RedisStore`; ignored by a library stack).
+    /// Default: none, each process keeps its own circuits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker_shared: Option<SharedBreakerPolicy>,
+    /// `[idempotency]`: the idempotency layer's own settings
+    /// ([`IdempotencyConfig`]: the same field names). Present (even empty),
+    /// a call carrying an idempotency key is answered once and replayed;
+    /// absent (the default), no idempotency layer is built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency: Option<IdempotencyConfig>,
+}
+
+/// `[breaker_shared]`: where the circuits are shared.
+///
+/// Its `Debug` never shows the URL's password.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedBreakerPolicy {
+    /// `redis`: the Redis URL, `redis://[:password@]host[:port][/db]`
+    /// (required). The shared threshold, window, cooldown and probe count
+    /// are `[breaker]`'s; a route's `breaker_policy` judges its calls
+    /// locally but the fleet's decisions follow `[breaker]`.
+    pub redis: String,
+    /// `prefix`: the prefix of the Redis keys and channel (default
+    /// `tower-llm:breaker:`); replicas share circuits when they share it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+}
+
+impl SharedBreakerPolicy {
+    /// The Redis URL with any password replaced by `***`, for logs.
+    pub fn redacted(&self) -> String {
+        redact_url(&self.redis)
+    }
+}
+
+impl fmt::Debug for SharedBreakerPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedBreakerPolicy")
+            .field("redis", &self.redacted())
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+/// `url` with the user-info part (`user:password@`) replaced by `***@`.
+fn redact_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
 }
 
 /// `[health]`.
@@ -385,8 +443,8 @@ pub struct ProviderConfig {
 
 /// One link of a chain: `{ provider = "a", model = "gpt-4o-mini" }`,
 /// optionally with its own attempts and attempt timeout, the fallback
-/// layer's opt-in roles, and an admission rule.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// layer's opt-in roles, an admission rule and hedging.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LinkConfig {
     /// `provider`: a provider's `name`.
@@ -432,6 +490,11 @@ pub struct LinkConfig {
     /// `x-llm-requires-verification: true`; default false).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub requires_verification: bool,
+    /// `hedge`: the hedge layer's own settings ([`HedgeConfig`]) for this
+    /// link: a slow attempt gets a second one to the same link, the first
+    /// success wins (default: the route's `hedge`, else no hedging).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<HedgeConfig>,
 }
 
 impl LinkConfig {
@@ -449,6 +512,7 @@ impl LinkConfig {
             filtered_content: false,
             admit: None,
             requires_verification: false,
+            hedge: None,
         }
     }
 }
@@ -502,7 +566,7 @@ impl fmt::Debug for InboundHeaders {
 }
 
 /// One `[[routes]]` entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     /// `model`: the alias clients ask for.
@@ -543,6 +607,12 @@ pub struct RouteConfig {
     /// judged, on each call, by the settings of the route it came through.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker_policy: Option<String>,
+    /// `hedge`: the hedge layer's own settings ([`HedgeConfig`]) for every
+    /// link of the route without its own `hedge`; one hedge layer per link
+    /// (each learns its own delay), between the fallback and the link's
+    /// retry. Default: no hedging.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<HedgeConfig>,
 }
 
 impl RouteConfig {
@@ -558,6 +628,7 @@ impl RouteConfig {
             retry_policy: None,
             fallback_policy: None,
             breaker_policy: None,
+            hedge: None,
         }
     }
 }
@@ -889,6 +960,22 @@ impl Policy {
                 p.push(format!("breaker_policies.{name}.{e}"));
             }
         }
+        if let Some(shared) = &self.breaker_shared {
+            if !["redis://", "rediss://", "redis+unix://", "unix://"]
+                .iter()
+                .any(|s| shared.redis.starts_with(s))
+            {
+                p.push(format!(
+                    "breaker_shared.redis {:?} is not a redis:// URL",
+                    shared.redacted()
+                ));
+            }
+        }
+        if let Some(idempotency) = &self.idempotency {
+            if let Err(e) = idempotency.validate() {
+                p.push(format!("idempotency: {e}"));
+            }
+        }
         let mut routes = HashSet::new();
         for route in &self.routes {
             if !routes.insert(route.model.as_str()) {
@@ -908,6 +995,9 @@ impl Policy {
                     "route \"{}\": deadline_ms must be above 0",
                     route.model
                 ));
+            }
+            if let Some(Err(e)) = route.hedge.as_ref().map(HedgeConfig::validate) {
+                p.push(format!("route \"{}\": hedge: {e}", route.model));
             }
             if let Some(rule) = &route.degraded_admit {
                 check_rule(
@@ -967,6 +1057,9 @@ impl Policy {
                 }
                 if let Some(rule) = &link.admit {
                     check_rule(rule, &format!("{at}: admit"), &mut p);
+                }
+                if let Some(Err(e)) = link.hedge.as_ref().map(HedgeConfig::validate) {
+                    p.push(format!("{at}: hedge: {e}"));
                 }
                 if !names.contains(link.provider.as_str()) {
                     p.push(format!(
@@ -1333,10 +1426,33 @@ impl Policy {
         route: &RouteConfig,
         breaker: &BreakerLayer,
         metrics: Metrics,
+        provider: impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
+    ) -> Result<RouteService<Res>, ConfigError>
+    where
+        Res: RouteAnswer + IdempotentAnswer,
+    {
+        self.build_route_with(route, breaker, metrics, None, provider)
+    }
+
+    /// As [`build_route`](Self::build_route), with `idempotency` (if any)
+    /// just inside the deadline and outside the fallback: deadline →
+    /// **idempotency** → fallback → per link hedge → retry → breaker →
+    /// provider. Pass the same layer (or a clone) on every reload so that
+    /// stored answers survive it. [`Policy::idempotency_layer`] makes one.
+    ///
+    /// # Errors
+    ///
+    /// As [`build_route`](Self::build_route).
+    pub fn build_route_with<Res>(
+        &self,
+        route: &RouteConfig,
+        breaker: &BreakerLayer,
+        metrics: Metrics,
+        idempotency: Option<&IdempotencyLayer<TenantHeader>>,
         mut provider: impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
     ) -> Result<RouteService<Res>, ConfigError>
     where
-        Res: RouteAnswer,
+        Res: RouteAnswer + IdempotentAnswer,
     {
         let r = self.resolve(route)?;
         let min_attempt = r
@@ -1370,10 +1486,25 @@ impl Policy {
             if let Some(ms) = link.attempt_timeout_ms {
                 link_retry = link_retry.with_attempt_timeout(Duration::from_millis(ms));
             }
-            let svc = ServiceBuilder::new()
+            let inner = ServiceBuilder::new()
                 .llm_retry(link_retry)
                 .llm_breaker(breaker.clone())
                 .service(provider(config, link));
+            // One hedge layer per link, so each learns its own delay.
+            let svc = match link.hedge.as_ref().or(route.hedge.as_ref()) {
+                None => BoxCloneSyncService::new(inner),
+                Some(hedge) => {
+                    let hedge = HedgeLayer::new(hedge.clone())
+                        .map_err(|e| {
+                            ConfigError::new(format!(
+                                "route \"{}\": link {}/{}: hedge: {e}",
+                                route.model, link.provider, link.model
+                            ))
+                        })?
+                        .with_metrics(metrics.clone());
+                    BoxCloneSyncService::new(ServiceBuilder::new().llm_hedge(hedge).service(inner))
+                }
+            };
             let mut spec =
                 LinkSpec::new(link.provider.as_str(), link.model.as_str()).rewrite_model();
             if link.long_context {
@@ -1385,7 +1516,7 @@ impl Policy {
             if let Some(rule) = link.admit.clone() {
                 spec = spec.with_admission(move |req: &ChatRequest| rule.admits(req));
             }
-            links.push((spec, BoxCloneSyncService::new(svc)));
+            links.push((spec, svc));
         }
         let mut links = links.into_iter();
         let Some((primary_spec, primary)) = links.next() else {
@@ -1411,17 +1542,67 @@ impl Policy {
         let fallback = chain
             .build()
             .map_err(|e| ConfigError::new(format!("route \"{}\": {e}", route.model)))?;
-        let svc = BoxCloneSyncService::new(
-            ServiceBuilder::new()
-                .layer(DeadlineLayer::new(Duration::from_millis(r.total_ms)).with_metrics(metrics))
-                .llm_fallback(fallback)
-                .service(primary),
-        );
+        let deadline = DeadlineLayer::new(Duration::from_millis(r.total_ms)).with_metrics(metrics);
+        let svc = match idempotency {
+            None => BoxCloneSyncService::new(
+                ServiceBuilder::new()
+                    .layer(deadline)
+                    .llm_fallback(fallback)
+                    .service(primary),
+            ),
+            Some(idempotency) => BoxCloneSyncService::new(
+                ServiceBuilder::new()
+                    .layer(deadline)
+                    .layer(idempotency.clone())
+                    .llm_fallback(fallback)
+                    .service(primary),
+            ),
+        };
         Ok(match r.degraded_admit {
             None => svc,
             Some(rule) => degraded_only_for(svc, rule),
         })
     }
+
+    /// The idempotency layer of `[idempotency]` (none when the table is
+    /// absent), its keys scoped by the [`TENANT_HEADER`] inbound header
+    /// and its replays counted on `metrics`.
+    ///
+    /// # Errors
+    ///
+    /// Settings the layer refuses (never for a validated policy).
+    pub fn idempotency_layer(
+        &self,
+        metrics: Metrics,
+    ) -> Result<Option<IdempotencyLayer<TenantHeader>>, ConfigError> {
+        let Some(config) = &self.idempotency else {
+            return Ok(None);
+        };
+        let layer = IdempotencyLayer::new(config.clone())
+            .map_err(|e| ConfigError::new(format!("idempotency: {e}")))?
+            .with_metrics(metrics)
+            .with_tenant(tenant_header as TenantHeader);
+        Ok(Some(layer))
+    }
+}
+
+/// The inbound header whose value scopes idempotency keys: two tenants
+/// with the same key never share an answer (a request without it is in
+/// the unscoped space).
+pub const TENANT_HEADER: &str = "x-tenant-id";
+
+/// The idempotency tenant of a request: its inbound [`TENANT_HEADER`]
+/// (from its [`InboundHeaders`]), if present and printable.
+pub type TenantHeader = fn(&ChatRequest) -> Option<String>;
+
+fn tenant_header(req: &ChatRequest) -> Option<String> {
+    req.extensions
+        .get::<InboundHeaders>()?
+        .0
+        .get(TENANT_HEADER)?
+        .to_str()
+        .ok()
+        .map(str::to_owned)
 }
 
 /// `svc`, whose degraded answers go only to requests `rule` admits; the

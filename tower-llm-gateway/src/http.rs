@@ -27,7 +27,7 @@ use tower_llm::providers::openai::server::{
     SseFrames, decode_request, encode_error, encode_response,
     failure_response as openai_failure_response, sse_error_event, wants_usage,
 };
-use tower_llm::{AttemptRecord, ChatStream, Failure};
+use tower_llm::{AttemptOutcome, AttemptRecord, ChatStream, Failure};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -163,6 +163,21 @@ fn insert_attempts(
             "x-llm-requires-verification",
             HeaderValue::from_static("true"),
         );
+    }
+}
+
+/// `x-llm-hedged: true` when a hedge attempt served the answer (a
+/// succeeded attempt record marked `hedge`), and `Idempotent-Replayed:
+/// true` for an answer replayed from the idempotency store.
+fn insert_answer_flags(headers: &mut HeaderMap, attempts: &[AttemptRecord], replayed: bool) {
+    if attempts
+        .iter()
+        .any(|a| a.hedge && a.outcome == AttemptOutcome::Succeeded)
+    {
+        headers.insert("x-llm-hedged", HeaderValue::from_static("true"));
+    }
+    if replayed {
+        headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
 }
 
@@ -315,6 +330,19 @@ async fn chat(
         }
     };
     let mut req = req;
+    // `Idempotency-Key`: answered once (with `[idempotency]`), replayed
+    // after.
+    if let Some(value) = parts.headers.get("idempotency-key") {
+        let Ok(key) = value.to_str() else {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "the Idempotency-Key header is not printable ASCII",
+                "invalid_request_error",
+                Some("invalid_idempotency_key"),
+            );
+        };
+        tower_llm::IdempotencyKey::new(key).store(&mut req);
+    }
     let parent = inbound_context(&parts.headers);
     // For the links' admission rules (`admit` in the policy file); moved,
     // not copied.
@@ -389,6 +417,7 @@ async fn chat(
                 // A degraded answer was served by no link.
                 let position = (!res.degraded).then_some(res.fallback_position);
                 insert_attempts(out.headers_mut(), &res.attempts, position, Some(&info));
+                insert_answer_flags(out.headers_mut(), &res.attempts, res.idempotent_replayed);
                 if res.degraded {
                     out.headers_mut()
                         .insert("x-llm-degraded", HeaderValue::from_static("true"));
@@ -490,6 +519,7 @@ fn sse(
     } else {
         insert_attempts(headers, stream.attempts(), Some(position), Some(route));
     }
+    insert_answer_flags(headers, stream.attempts(), stream.is_idempotent_replay());
     let id = format!(
         "chatcmpl-{}-{}",
         now_unix(),

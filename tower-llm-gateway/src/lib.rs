@@ -4,7 +4,9 @@
 //! A [`Policy`](tower_llm::config::Policy) file names the providers and
 //! the routes (model aliases with their fallback chains) and the settings
 //! of every layer; the gateway builds one stack per route (deadline →
-//! fallback → per link retry → breaker → provider), serves OpenAI's chat
+//! idempotency, with `[idempotency]` → fallback → per link hedge, with
+//! `hedge` → retry → breaker, shared through Redis with
+//! `[breaker_shared]` → provider), serves OpenAI's chat
 //! completions API over it (unary and server-sent events) with the
 //! `[server]` limits, reloads the file safely, probes the providers, and
 //! exports Prometheus metrics.

@@ -10,8 +10,9 @@ use std::time::Duration;
 use tower::util::BoxCloneSyncService;
 use tower_llm::breaker::BreakerLayer;
 use tower_llm::config::{
-    ConfigError, LinkConfig, Policy, ProviderConfig, ProviderServices, RouteService,
+    ConfigError, LinkConfig, Policy, ProviderConfig, ProviderServices, RouteService, TenantHeader,
 };
+use tower_llm::idempotency::IdempotencyLayer;
 use tower_llm::{ChatRequest, Failure, FailureClass, GenAiMetrics, Metrics};
 
 use crate::state::{KeySource, RouteInfo, Routes, Transport};
@@ -20,9 +21,11 @@ use crate::state::{KeySource, RouteInfo, Routes, Transport};
 pub(crate) type Bulkheads = Mutex<HashMap<String, (usize, Arc<tokio::sync::Semaphore>)>>;
 
 /// Builds every route of `policy`; each provider once, shared by routes.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn build(
     policy: &Policy,
     breaker: &BreakerLayer,
+    idempotency: Option<&IdempotencyLayer<TenantHeader>>,
     metrics: &Metrics,
     genai: &GenAiMetrics,
     transport: &Transport,
@@ -76,24 +79,26 @@ pub(crate) fn build(
     let mut info = HashMap::new();
     for route in &policy.routes {
         let mut missing = false;
-        let u = policy.build_route(route, breaker, metrics.clone(), |p, link| {
-            find(p, link).map_or_else(
-                || {
-                    missing = true;
-                    unavailable(&p.name)
-                },
-                |s| s.chat,
-            )
-        })?;
-        let s = policy.build_route(route, breaker, metrics.clone(), |p, link| {
-            find(p, link).map_or_else(
-                || {
-                    missing = true;
-                    unavailable(&p.name)
-                },
-                |s| s.stream,
-            )
-        })?;
+        let u =
+            policy.build_route_with(route, breaker, metrics.clone(), idempotency, |p, link| {
+                find(p, link).map_or_else(
+                    || {
+                        missing = true;
+                        unavailable(&p.name)
+                    },
+                    |s| s.chat,
+                )
+            })?;
+        let s =
+            policy.build_route_with(route, breaker, metrics.clone(), idempotency, |p, link| {
+                find(p, link).map_or_else(
+                    || {
+                        missing = true;
+                        unavailable(&p.name)
+                    },
+                    |s| s.stream,
+                )
+            })?;
         if missing {
             return Err(ConfigError::new(format!(
                 "route \"{}\": a link's provider was not built",

@@ -11,9 +11,15 @@ use arc_swap::ArcSwap;
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use tokio::sync::Semaphore;
-use tower_llm::breaker::{BreakerHandle, BreakerLayer};
-use tower_llm::config::{ConfigError, Policy, ProviderConfig, RouteService, ServerPolicy};
-use tower_llm::{ChatResponse, ChatStream, GenAiMetrics, Metrics};
+use tower_llm::breaker::KeyFn as _;
+use tower_llm::breaker::{BreakerConfig, BreakerHandle, BreakerKey, BreakerLayer, BreakerStore};
+use tower_llm::config::{
+    ConfigError, Policy, ProviderConfig, RouteService, ServerPolicy, SharedBreakerPolicy,
+    TenantHeader,
+};
+use tower_llm::idempotency::{IdempotencyConfig, IdempotencyLayer};
+use tower_llm::{ChatRequest, ChatResponse, ChatStream, GenAiMetrics, Link, Metrics};
+use tower_llm_breaker_redis::RedisStore;
 
 use crate::health::Probe;
 use crate::routes::{Bulkheads, build};
@@ -57,10 +63,16 @@ pub(crate) struct RouteInfo {
 /// [`reload_on_change`].
 pub struct Gateway {
     pub(crate) routes: ArcSwap<Routes>,
-    pub(crate) breaker: BreakerLayer,
+    /// The breaker layer and its store: in memory, or shared on Redis
+    /// (`[breaker_shared]`); replaced only when those settings change.
+    pub(crate) breaker: Arc<Mutex<Breakers>>,
+    /// The idempotency layer of `[idempotency]` and its settings; kept
+    /// (with its stored answers) while they are unchanged.
+    idempotency: Mutex<Option<(IdempotencyConfig, IdempotencyLayer<TenantHeader>)>>,
     pub(crate) metrics: Metrics,
     pub(crate) genai: GenAiMetrics,
     pub(crate) registry: prometheus::Registry,
+    meter: opentelemetry::metrics::Meter,
     _meters: SdkMeterProvider,
     _gauges: [opentelemetry::metrics::ObservableGauge<i64>; 2],
     pub(crate) transport: Transport,
@@ -99,11 +111,15 @@ impl std::fmt::Debug for Gateway {
 }
 
 impl Gateway {
-    /// A gateway serving `policy` over `transport`.
+    /// A gateway serving `policy` over `transport`. With
+    /// `[breaker_shared]`, call it inside a tokio runtime (the Redis store
+    /// spawns its tasks); a Redis that does not answer is not an error
+    /// (circuits are local until it does).
     ///
     /// # Errors
     ///
-    /// A provider that cannot be built (a missing key).
+    /// A provider that cannot be built (a missing key); with
+    /// `[breaker_shared]`, no tokio runtime or a URL that does not parse.
     pub fn new(
         policy: Policy,
         transport: Transport,
@@ -117,23 +133,40 @@ impl Gateway {
             .map_err(|e| ConfigError::new(format!("metrics exporter: {e}")))?;
         let meters = SdkMeterProvider::builder().with_reader(exporter).build();
         let meter = meters.meter("tower-llm");
-        let breaker = BreakerLayer::new();
-        let circuits = breaker.handle().register_gauge(&meter);
+        let breaker = Breakers::new(&policy, &meter, None)?
+            .ok_or_else(|| ConfigError::new("the breaker could not be built"))?;
+        let breaker = Arc::new(Mutex::new(breaker));
+        let circuits = circuit_gauge(&meter, &breaker);
         let probes: Arc<Mutex<HashMap<String, Probe>>> = Arc::default();
         let up = provider_up_gauge(&meter, probes.clone());
         let metrics = Metrics::new(&meter);
         let genai = GenAiMetrics::new(&meter);
         let bulkheads = Bulkheads::default();
+        let idempotency = policy
+            .idempotency_layer(metrics.clone())?
+            .zip(policy.idempotency.clone())
+            .map(|(layer, config)| (config, layer));
+        let layer = lock(&breaker).layer.clone();
         let routes = build(
-            &policy, &breaker, &metrics, &genai, &transport, &keys, &bulkheads,
+            &policy,
+            &layer,
+            idempotency.as_ref().map(|(_, l)| l),
+            &metrics,
+            &genai,
+            &transport,
+            &keys,
+            &bulkheads,
         )?;
+        lock(&breaker).register_circuits(&policy);
         let server = routes.policy.server;
         Ok(Arc::new(Gateway {
             routes: ArcSwap::from_pointee(routes),
             breaker,
+            idempotency: Mutex::new(idempotency),
             metrics,
             genai,
             registry,
+            meter,
             _meters: meters,
             _gauges: [circuits, up],
             transport,
@@ -164,15 +197,46 @@ impl Gateway {
                 "the [server] section changed: its limits take effect at the next start"
             );
         }
+        // A changed `[breaker_shared]` (or `[breaker]` under it) gets a new
+        // store; otherwise the running one (and its circuits) stays.
+        let breakers = {
+            let running = lock(&self.breaker);
+            Breakers::new(&policy, &self.meter, Some(&running))?
+        };
+        let layer = match &breakers {
+            Some(b) => b.layer.clone(),
+            None => lock(&self.breaker).layer.clone(),
+        };
+        // Unchanged `[idempotency]` keeps its layer and stored answers.
+        let idempotency = {
+            let running = lock(&self.idempotency);
+            match (&*running, &policy.idempotency) {
+                (Some((config, layer)), Some(want)) if config == want => {
+                    Some((config.clone(), layer.clone()))
+                }
+                _ => policy
+                    .idempotency_layer(self.metrics.clone())?
+                    .zip(policy.idempotency.clone())
+                    .map(|(layer, config)| (config, layer)),
+            }
+        };
         let routes = build(
             &policy,
-            &self.breaker,
+            &layer,
+            idempotency.as_ref().map(|(_, l)| l),
             &self.metrics,
             &self.genai,
             &self.transport,
             &self.keys,
             &self.bulkheads,
         )?;
+        let mut running = lock(&self.breaker);
+        if let Some(b) = breakers {
+            *running = b;
+        }
+        running.register_circuits(&policy);
+        drop(running);
+        *lock(&self.idempotency) = idempotency;
         self.routes.store(Arc::new(routes));
         Ok(())
     }
@@ -214,8 +278,145 @@ impl Gateway {
 
     /// The breaker's handle (circuit snapshots, manual control).
     pub fn breaker(&self) -> BreakerHandle {
-        self.breaker.handle()
+        lock(&self.breaker).layer.handle()
     }
+
+    /// `true` when circuits are shared through Redis (`[breaker_shared]`)
+    /// and Redis answers; `false` when local-only (not configured, or
+    /// Redis down).
+    pub fn breaker_shared_up(&self) -> bool {
+        lock(&self.breaker)
+            .store
+            .as_ref()
+            .is_some_and(|s| s.is_up())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The gateway's breaker layer and its store.
+pub(crate) struct Breakers {
+    /// The layer every route's links are built with (its store shared).
+    pub(crate) layer: BreakerLayer,
+    /// The shared settings it was built with (none: in memory).
+    shared: Option<(SharedBreakerPolicy, BreakerConfig)>,
+    /// The Redis store, when shared.
+    store: Option<Arc<RedisStore>>,
+    /// `llm_breaker_shared_store_up` and `_dropped`, while this store is
+    /// the gateway's.
+    _metrics: Option<(
+        opentelemetry::metrics::ObservableGauge<i64>,
+        opentelemetry::metrics::ObservableCounter<u64>,
+    )>,
+}
+
+impl Breakers {
+    /// The breakers `policy` asks for, or `None` when `running` already
+    /// is (the same `[breaker_shared]` and, under it, the same
+    /// `[breaker]`: the store runs the shared threshold with it).
+    fn new(
+        policy: &Policy,
+        meter: &opentelemetry::metrics::Meter,
+        running: Option<&Breakers>,
+    ) -> Result<Option<Breakers>, ConfigError> {
+        let want = policy
+            .breaker_shared
+            .clone()
+            .map(|shared| (shared, policy.breaker));
+        if let Some(running) = running {
+            if running.shared == want {
+                return Ok(None);
+            }
+        }
+        let Some((shared, config)) = want else {
+            return Ok(Some(Breakers {
+                layer: BreakerLayer::new(),
+                shared: None,
+                store: None,
+                _metrics: None,
+            }));
+        };
+        let mut builder = RedisStore::builder(&shared.redis)
+            .map_err(|e| ConfigError::new(format!("breaker_shared.redis: {e}")))?
+            .with_breaker_config(config);
+        if let Some(prefix) = &shared.prefix {
+            builder = builder.with_prefix(prefix.clone());
+        }
+        let store = Arc::new(
+            builder
+                .build()
+                .map_err(|e| ConfigError::new(format!("breaker_shared: {e}")))?,
+        );
+        tracing::info!(target: "gateway", redis = %shared.redacted(), "circuits shared through Redis");
+        let metrics = store.register_metrics(meter);
+        Ok(Some(Breakers {
+            layer: BreakerLayer::new().with_store(store.clone()),
+            shared: Some((shared, config)),
+            store: Some(store),
+            _metrics: Some(metrics),
+        }))
+    }
+
+    /// With a shared store, makes the circuit of every link of every route
+    /// now, so this replica reads the fleet's state of each (an open
+    /// elsewhere is followed, and listed by `GET /health/circuits`) before
+    /// its own first call.
+    fn register_circuits(&self, policy: &Policy) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        for route in &policy.routes {
+            let Ok(resolved) = policy.resolve(route) else {
+                continue;
+            };
+            let keys = policy.breaker_key_fn(&resolved.chain);
+            let probe = ChatRequest::new(route.model.as_str(), Vec::new());
+            for link in &resolved.chain {
+                let key: BreakerKey = keys.key(
+                    &probe,
+                    &Link::new(link.provider.as_str(), link.model.as_str()),
+                );
+                let _ = store.circuit(key);
+            }
+        }
+    }
+}
+
+/// `llm_circuit_state` (0 closed, 1 open, 2 half-open) of the gateway's
+/// current breaker store (it follows a store replaced by a reload).
+fn circuit_gauge(
+    meter: &opentelemetry::metrics::Meter,
+    breakers: &Arc<Mutex<Breakers>>,
+) -> opentelemetry::metrics::ObservableGauge<i64> {
+    let breakers = Arc::downgrade(breakers);
+    meter
+        .i64_observable_gauge("llm_circuit_state")
+        .with_description("Circuit breaker state: 0 closed, 1 open, 2 half-open")
+        .with_callback(move |observer| {
+            let Some(breakers) = breakers.upgrade() else {
+                return;
+            };
+            let handle = lock(&breakers).layer.handle();
+            for circuit in handle.snapshot() {
+                let provider =
+                    opentelemetry::KeyValue::new("provider", circuit.key.provider().to_owned());
+                let model = opentelemetry::KeyValue::new("model", circuit.key.model().to_owned());
+                match circuit.key.scope() {
+                    Some(scope) => observer.observe(
+                        circuit.state.as_gauge(),
+                        &[
+                            provider,
+                            model,
+                            opentelemetry::KeyValue::new("scope", scope.to_owned()),
+                        ],
+                    ),
+                    None => observer.observe(circuit.state.as_gauge(), &[provider, model]),
+                }
+            }
+        })
+        .build()
 }
 
 /// `provider_up`: 1 when the provider's last probe answered 2xx, 0

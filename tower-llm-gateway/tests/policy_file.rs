@@ -105,6 +105,13 @@ fn the_readme_reference_sets_every_key_and_loads_as_it_is() {
         "fallback_policies[].steps[].allowed_for_risk",
         "fallback_policies[].steps[].text",
         "breaker_policies.provider-A.consecutive_failures",
+        "breaker_shared.redis",
+        "breaker_shared.prefix",
+        "idempotency.ttl_ms",
+        "idempotency.concurrent",
+        "routes[].hedge.delay_ms",
+        "routes[].chain[].hedge.quantile",
+        "routes[].chain[].hedge.min_useful_ms",
     ] {
         assert!(all.contains(key), "{key} is not set by the reference");
     }
@@ -135,6 +142,8 @@ fn a_misspelt_key_anywhere_is_refused_with_its_path() {
         ("max_concurrency = 64", "providers[0].tiemout_ms"),
         ("degraded = ", "routes[0].tiemout_ms"),
         ("long_context = true", "routes[0].chain[1].tiemout_ms"),
+        ("redis = \"redis://", "breaker_shared.tiemout_ms"),
+        ("ttl_ms = 86400000", "idempotency.tiemout_ms"),
     ] {
         let at = text
             .find(after)
@@ -163,6 +172,43 @@ fn a_misspelt_key_anywhere_is_refused_with_its_path() {
         .expect_err("refused")
         .to_string();
     assert!(err.contains("breaker.cooldown_growth"), "{err}");
+    // In the hedge tables (the hedge layer's own names and checks).
+    let bad = text.replace("hedge = { delay_ms = 800,", "hedge = { delay = 800,");
+    let err = Policy::from_toml(&bad).expect_err("refused").to_string();
+    assert!(err.contains("at routes[0].chain[0].hedge.delay:"), "{err}");
+    let bad = text.replace("hedge = { delay_ms = 500,", "hedge = { delay_ms = 0,");
+    let err = Policy::from_toml(&bad).expect_err("refused").to_string();
+    assert!(
+        err.contains("route \"smart\": hedge: invalid hedge config: `delay_ms`"),
+        "{err}"
+    );
+    let bad = text.replace("ttl_ms = 86400000", "ttl_ms = 0");
+    let err = Policy::from_toml(&bad).expect_err("refused").to_string();
+    assert!(
+        err.contains("idempotency: ") && err.contains("ttl_ms"),
+        "{err}"
+    );
+    let bad = text.replace("redis = \"redis://", "redis = \"http://");
+    let err = Policy::from_toml(&bad).expect_err("refused").to_string();
+    assert!(err.contains("breaker_shared.redis"), "{err}");
+}
+
+#[test]
+fn the_shared_breaker_url_s_password_never_shows() {
+    let text = readme_policy().replace(
+        "redis = \"redis://127.0.0.1:6379\"",
+        "redis = \"redis://:hunter2@127.0.0.1:6379/0\"",
+    );
+    let policy = Policy::from_toml(&text).expect("loads");
+    let shared = policy.breaker_shared.as_ref().expect("set");
+    assert_eq!(shared.redacted(), "redis://***@127.0.0.1:6379/0");
+    let debug = format!("{policy:?}");
+    assert!(!debug.contains("hunter2"), "{debug}");
+    assert!(debug.contains("redis://***@127.0.0.1:6379/0"), "{debug}");
+    let err = Policy::from_toml(&text.replace("redis://:hunter2@", "http://:hunter2@"))
+        .expect_err("refused")
+        .to_string();
+    assert!(!err.contains("hunter2"), "{err}");
 }
 
 fn down() -> Reply {

@@ -498,3 +498,42 @@ async fn hedges_are_counted_won_lost_and_skipped_by_the_budget() {
         );
     }
 }
+
+/// The README's telemetry wiring, as it is there (compiled here, where
+/// the crates it uses are dependencies).
+mod readme_wiring {
+    use opentelemetry::trace::TracerProvider as _;
+    use tower_llm::prelude::*;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+
+    pub(crate) fn telemetry() -> Result<prometheus::Registry, Box<dyn std::error::Error>> {
+        let registry = prometheus::Registry::new();
+        let exporter = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .build()?;
+        let meters = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+            .with_reader(exporter)
+            .build();
+        opentelemetry::global::set_meter_provider(meters.clone()); // before building the layers
+
+        let tracer = opentelemetry_sdk::trace::SdkTracerProvider::builder().build(); // + your span exporter
+        tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(tracer.tracer("my-gateway")))
+            .init();
+
+        let breaker = BreakerLayer::new();
+        let _gauge = breaker
+            .handle()
+            .register_gauge(&opentelemetry::global::meter("tower-llm"));
+        Ok(registry)
+    }
+}
+
+#[test]
+fn the_readme_wiring_compiles() {
+    // Compiled, not run: it installs global providers.
+    let wiring: fn() -> Result<prometheus::Registry, Box<dyn std::error::Error>> =
+        readme_wiring::telemetry;
+    let _ = wiring;
+}

@@ -985,7 +985,8 @@ pub mod server {
     /// | failure | status | `type` |
     /// |---|---|---|
     /// | deadline exceeded | 504 | `timeout` |
-    /// | conflict | 409 | `conflict` |
+    /// | conflict (e.g. `idempotency_key_in_use`) | 409 | `conflict` |
+    /// | bad request raised by a layer (no provider) with its own status 422 (e.g. `idempotency_key_reused`) | 422 | `invalid_request_error` |
     /// | bad request, context window exceeded, content filtered | 400 | `invalid_request_error` |
     /// | auth, not found (our credentials or model names), invalid response, cancelled | 502 | `upstream_error` |
     /// | every other class (transient, rate limited, timeout, quota, circuit open) | 503 | `service_unavailable` |
@@ -1001,10 +1002,27 @@ pub mod server {
     /// let (status, kind) = failure_status(&Failure::deadline_exceeded());
     /// assert_eq!((status.as_u16(), kind), (504, "timeout"));
     /// assert_eq!(failure_status(&Failure::new(FailureClass::Auth)).0, 502);
+    /// let reused = Failure::new(FailureClass::BadRequest)
+    ///     .with_status(http::StatusCode::UNPROCESSABLE_ENTITY);
+    /// assert_eq!(failure_status(&reused).0, 422);
+    /// // An upstream's 422 stays a 400.
+    /// let upstream = Failure::new(FailureClass::BadRequest)
+    ///     .with_status(http::StatusCode::UNPROCESSABLE_ENTITY)
+    ///     .with_provider("openai");
+    /// assert_eq!(failure_status(&upstream).0, 400);
     /// ```
     pub fn failure_status(f: &Failure) -> (http::StatusCode, &'static str) {
         use http::StatusCode;
         let (status, kind) = match f.class() {
+            // A request the gateway itself refused as unprocessable (no
+            // provider: not an upstream's answer), such as the idempotency
+            // layer's `idempotency_key_reused`: its own 422.
+            FailureClass::BadRequest
+                if f.provider().is_none()
+                    && f.http_status() == Some(StatusCode::UNPROCESSABLE_ENTITY) =>
+            {
+                (StatusCode::UNPROCESSABLE_ENTITY, "invalid_request_error")
+            }
             FailureClass::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
             FailureClass::Conflict => (StatusCode::CONFLICT, "conflict"),
             FailureClass::BadRequest

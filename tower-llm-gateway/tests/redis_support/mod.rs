@@ -1,0 +1,119 @@
+//! A real `redis-server` of the test's own, on a free loopback port (the
+//! root crate's `tests/redis_support`, trimmed to what the gateway's tests
+//! use).
+//!
+//! The binary is `redis-server` on `PATH` (or `$TOWER_LLM_REDIS_SERVER`).
+//! Without it, a test skips with a message, unless `CI` is set: then it
+//! fails (`.ci/run` sets `CI` and installs the server).
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub(crate) struct RedisServer {
+    binary: String,
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// A running server, or `None` (skip) when there is no `redis-server`
+    /// and `CI` is unset.
+    pub(crate) fn start(test: &str) -> Option<RedisServer> {
+        let binary =
+            std::env::var("TOWER_LLM_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
+        let found = Command::new(&binary)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "{test}: `{binary}` not found and CI is set: install redis-server (see .ci/run)"
+            );
+            eprintln!("{test}: SKIPPED: `{binary}` not found (install redis-server to run it)");
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let dir =
+            std::env::temp_dir().join(format!("tower-llm-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        let mut server = RedisServer {
+            binary,
+            port,
+            dir,
+            child: None,
+        };
+        server.restart();
+        Some(server)
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (SIGKILL) and waits for it.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // A frozen server must be able to die.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server (again) on the same port, empty, and waits until
+    /// it answers PING (5 s at most).
+    pub(crate) fn restart(&mut self) {
+        self.kill();
+        let child = Command::new(&self.binary)
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server starts");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if self.ping() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!(
+            "redis-server on port {} did not answer within 5 s",
+            self.port
+        );
+    }
+
+    fn ping(&self) -> bool {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+        let mut buf = [0u8; 7];
+        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
