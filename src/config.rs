@@ -168,6 +168,44 @@ pub struct Policy {
     /// absent (the default), no idempotency layer is built.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency: Option<IdempotencyConfig>,
+    /// `[idempotency_shared]`: keep `[idempotency]`'s answers and
+    /// reservations in Redis, shared by every replica (a gateway builds
+    /// the layer on `tower_llm_idempotency_redis::RedisStore`; ignored by
+    /// a library stack). Needs `[idempotency]`. Default: none, in-process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_shared: Option<SharedIdempotencyPolicy>,
+}
+
+/// `[idempotency_shared]`: where idempotent answers are shared.
+///
+/// Its `Debug` never shows the URL's password.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedIdempotencyPolicy {
+    /// `redis`: the Redis URL, `redis://[:password@]host[:port][/db]`
+    /// (required). When Redis is down, each replica answers duplicates
+    /// in-process until it is back.
+    pub redis: String,
+    /// `prefix`: the prefix of the Redis keys and channel (default
+    /// `tower-llm:idem:`); replicas share answers when they share it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+}
+
+impl SharedIdempotencyPolicy {
+    /// The Redis URL with any password replaced by `***`, for logs.
+    pub fn redacted(&self) -> String {
+        redact_url(&self.redis)
+    }
+}
+
+impl fmt::Debug for SharedIdempotencyPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedIdempotencyPolicy")
+            .field("redis", &self.redacted())
+            .field("prefix", &self.prefix)
+            .finish()
+    }
 }
 
 /// `[breaker_shared]`: where the circuits are shared.
@@ -974,6 +1012,20 @@ impl Policy {
         if let Some(idempotency) = &self.idempotency {
             if let Err(e) = idempotency.validate() {
                 p.push(format!("idempotency: {e}"));
+            }
+        }
+        if let Some(shared) = &self.idempotency_shared {
+            if self.idempotency.is_none() {
+                p.push("idempotency_shared needs an [idempotency] table".to_owned());
+            }
+            if !["redis://", "rediss://", "redis+unix://", "unix://"]
+                .iter()
+                .any(|s| shared.redis.starts_with(s))
+            {
+                p.push(format!(
+                    "idempotency_shared.redis {:?} is not a redis:// URL",
+                    shared.redacted()
+                ));
             }
         }
         let mut routes = HashSet::new();

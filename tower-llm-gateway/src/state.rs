@@ -15,7 +15,7 @@ use tower_llm::breaker::KeyFn as _;
 use tower_llm::breaker::{BreakerConfig, BreakerHandle, BreakerKey, BreakerLayer, BreakerStore};
 use tower_llm::config::{
     ConfigError, Policy, ProviderConfig, RouteService, ServerPolicy, SharedBreakerPolicy,
-    TenantHeader,
+    SharedIdempotencyPolicy, TenantHeader,
 };
 use tower_llm::idempotency::{IdempotencyConfig, IdempotencyLayer};
 use tower_llm::{ChatRequest, ChatResponse, ChatStream, GenAiMetrics, Link, Metrics};
@@ -68,7 +68,7 @@ pub struct Gateway {
     pub(crate) breaker: Arc<Mutex<Breakers>>,
     /// The idempotency layer of `[idempotency]` and its settings; kept
     /// (with its stored answers) while they are unchanged.
-    idempotency: Mutex<Option<(IdempotencyConfig, IdempotencyLayer<TenantHeader>)>>,
+    idempotency: Mutex<Option<(IdempotencyKey, IdempotencyLayer<TenantHeader>)>>,
     pub(crate) metrics: Metrics,
     pub(crate) genai: GenAiMetrics,
     pub(crate) registry: prometheus::Registry,
@@ -142,10 +142,7 @@ impl Gateway {
         let metrics = Metrics::new(&meter);
         let genai = GenAiMetrics::new(&meter);
         let bulkheads = Bulkheads::default();
-        let idempotency = policy
-            .idempotency_layer(metrics.clone())?
-            .zip(policy.idempotency.clone())
-            .map(|(layer, config)| (config, layer));
+        let idempotency = idempotency_of(&policy, &metrics)?;
         let layer = lock(&breaker).layer.clone();
         let routes = build(
             &policy,
@@ -207,17 +204,20 @@ impl Gateway {
             Some(b) => b.layer.clone(),
             None => lock(&self.breaker).layer.clone(),
         };
-        // Unchanged `[idempotency]` keeps its layer and stored answers.
+        // Unchanged `[idempotency]` and `[idempotency_shared]` keep the
+        // layer and its stored answers.
         let idempotency = {
             let running = lock(&self.idempotency);
-            match (&*running, &policy.idempotency) {
-                (Some((config, layer)), Some(want)) if config == want => {
-                    Some((config.clone(), layer.clone()))
+            let want = policy
+                .idempotency
+                .clone()
+                .map(|c| (c, policy.idempotency_shared.clone()));
+            match (&*running, want) {
+                (Some((key, layer)), Some(want)) if *key == want => Some((want, layer.clone())),
+                _ => {
+                    drop(running);
+                    idempotency_of(&policy, &self.metrics)?
                 }
-                _ => policy
-                    .idempotency_layer(self.metrics.clone())?
-                    .zip(policy.idempotency.clone())
-                    .map(|(layer, config)| (config, layer)),
             }
         };
         let routes = build(
@@ -417,6 +417,44 @@ fn circuit_gauge(
             }
         })
         .build()
+}
+
+/// What an idempotency layer was built from: kept across a reload while
+/// both are unchanged.
+type IdempotencyKey = (IdempotencyConfig, Option<SharedIdempotencyPolicy>);
+
+/// The idempotency layer of `policy` (none without `[idempotency]`), on
+/// Redis when `[idempotency_shared]` says so (built inside the runtime).
+fn idempotency_of(
+    policy: &Policy,
+    metrics: &Metrics,
+) -> Result<Option<(IdempotencyKey, IdempotencyLayer<TenantHeader>)>, ConfigError> {
+    let (Some(layer), Some(config)) = (
+        policy.idempotency_layer(metrics.clone())?,
+        policy.idempotency.clone(),
+    ) else {
+        return Ok(None);
+    };
+    let layer = match &policy.idempotency_shared {
+        None => layer,
+        Some(shared) => {
+            let mut builder = tower_llm_idempotency_redis::RedisStore::builder(&shared.redis)
+                .map_err(|e| ConfigError::new(format!("idempotency_shared: {e}")))?;
+            if let Some(prefix) = &shared.prefix {
+                builder = builder.with_prefix(prefix.clone());
+            }
+            let store = builder
+                .build()
+                .map_err(|e| ConfigError::new(format!("idempotency_shared: {e}")))?;
+            tracing::info!(
+                target: "gateway",
+                redis = %shared.redacted(),
+                "idempotent answers are shared on Redis"
+            );
+            layer.with_store(Arc::new(store))
+        }
+    };
+    Ok(Some(((config, policy.idempotency_shared.clone()), layer)))
 }
 
 /// `provider_up`: 1 when the provider's last probe answered 2xx, 0

@@ -435,3 +435,46 @@ async fn idempotency_a_stream_is_replayed_as_a_stream() {
     assert!(again.body.ends_with("data: [DONE]\n\n"), "{}", again.body);
     assert_eq!(h.primary.received().len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_shared_an_answer_through_one_gateway_is_replayed_by_the_other() {
+    let Some(redis) = RedisServer::start("idempotency_shared") else {
+        return;
+    };
+    let shared = format!(
+        "[idempotency]\n[idempotency_shared]\nredis = \"{}\"",
+        redis.url()
+    );
+    let a = start_text(Reply::openai_text("once"), down(), |p, _| {
+        one_link(&p.url(), &shared)
+    })
+    .await;
+    let upstream = a.primary.url();
+    // B is in front of A's upstream (its own mocks are never called).
+    let b = start_text(down(), down(), |_, _| one_link(&upstream, &shared)).await;
+    let key = [("idempotency-key", "order-42")];
+    let first = a.send("POST", "/v1/chat/completions", HELLO, &key).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    // The answer is stored in Redis in the background: once A replays it
+    // (A asks Redis too), B must, without an upstream call.
+    let stored = poll(Duration::from_secs(5), || async {
+        let again = a.send("POST", "/v1/chat/completions", HELLO, &key).await;
+        again.header("idempotent-replayed") == "true"
+    })
+    .await;
+    assert!(stored, "A never replayed its own answer");
+    let again = b.send("POST", "/v1/chat/completions", HELLO, &key).await;
+    assert_eq!(
+        again.header("idempotent-replayed"),
+        "true",
+        "{}",
+        again.body
+    );
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(body_of(&again), body_of(&first));
+    assert_eq!(a.primary.received().len(), 1, "one upstream call for both");
+    // Another request with the key is refused on either replica.
+    let other = r#"{"model": "smart", "messages": [{"role": "user", "content": "Other"}]}"#;
+    let refused = b.send("POST", "/v1/chat/completions", other, &key).await;
+    assert_eq!(refused.status, 422, "{}", refused.body);
+}
