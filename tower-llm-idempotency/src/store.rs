@@ -4,7 +4,14 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
+
+// Model-checked with loom (`tests/loom.rs`, `--cfg tower_llm_loom`): the
+// single-flight table's lock is loom's there.
+#[cfg(tower_llm_loom)]
+use loom::sync::{Mutex, MutexGuard};
+#[cfg(not(tower_llm_loom))]
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -158,7 +165,7 @@ impl MemoryStore {
     /// A store keeping at most `max_bytes` of answers.
     pub fn new(max_bytes: usize) -> Self {
         MemoryStore {
-            inner: Mutex::default(),
+            inner: Mutex::new(Inner::default()),
             max_bytes,
         }
     }
@@ -182,7 +189,7 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
