@@ -1,5 +1,7 @@
-//! The chaos soak: many calls through the full stack (deadline → fallback of
-//! two → retry → breaker, unary and streamed) over real loopback HTTP
+//! The chaos soak: many calls through the full stack (deadline →
+//! idempotency → fallback of three → hedge (on the primary) → retry →
+//! breaker, unary and streamed; one call in ten with an idempotency key)
+//! over real loopback HTTP
 //! against mock servers that inject every fault at once, then a total
 //! outage. Asserts, and prints as a table:
 //!
@@ -25,11 +27,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm::breaker::BreakerConfig;
+use tower_llm::hedge::{HedgeConfig, HedgeLayer};
+use tower_llm::idempotency::{IdempotencyConfig, IdempotencyLayer};
 use tower_llm::prelude::*;
 use tower_llm::providers::https::{HttpsClient, client_with_connect_timeout};
 use tower_llm::providers::{Anthropic, AnthropicConfig, ApiKey, OpenAi, OpenAiConfig};
 use tower_llm::retry::SplitMix64;
-use tower_llm::{ChatChunk, Metrics};
+use tower_llm::{ChatChunk, IdempotencyKey, Metrics};
 use tower_llm_providers::mock::{
     MockServer, Recorded, Reply, Step, anthropic_stream_steps, openai_stream_steps,
 };
@@ -41,7 +45,7 @@ static STARTED: Mutex<Option<Instant>> = Mutex::new(None);
 static PRIMARY_CALLS: AtomicUsize = AtomicUsize::new(0);
 static BACKUP_CALLS: AtomicUsize = AtomicUsize::new(0);
 
-/// The total outage: both links down from `OUTAGE.0` to `OUTAGE.1`
+/// The total outage: every link down from `OUTAGE.0` to `OUTAGE.1`
 /// seconds into the run (virtual time).
 static OUTAGE: Mutex<(u64, u64)> = Mutex::new((u64::MAX, u64::MAX));
 
@@ -179,6 +183,8 @@ struct Tally {
     outage_calls: usize,
     max_overshoot: Duration,
     duplicated: usize,
+    replayed: usize,
+    hedged: usize,
 }
 
 #[test]
@@ -195,8 +201,10 @@ fn soak_under_every_fault_at_once() {
     rt.block_on(async move {
         let primary_server = MockServer::start(Reply::With(primary)).await.expect("server");
         let backup_server = MockServer::start(Reply::With(backup)).await.expect("server");
+        let third_server = MockServer::start(Reply::With(backup)).await.expect("server");
         primary_server.keep_last_request_only();
         backup_server.keep_last_request_only();
+        third_server.keep_last_request_only();
         let openai = OpenAi::new(
             client(),
             OpenAiConfig::new(ApiKey::new("k")).with_base_url(&format!("{}/v1", primary_server.url())),
@@ -205,6 +213,21 @@ fn soak_under_every_fault_at_once() {
             client(),
             AnthropicConfig::new(ApiKey::new("k")).with_base_url(&backup_server.url()),
         );
+        let third = Anthropic::new(
+            client(),
+            AnthropicConfig::new(ApiKey::new("k")).with_base_url(&third_server.url()),
+        );
+        // The primary's attempts are hedged (same link) after 300 ms; calls
+        // with an idempotency key (one in ten, 200 keys) are answered once.
+        let hedge = HedgeLayer::new(HedgeConfig {
+            delay_ms: 300,
+            ..HedgeConfig::default()
+        })
+        .expect("hedge")
+        .with_metrics(Metrics::disabled());
+        let idempotency = IdempotencyLayer::new(IdempotencyConfig::default())
+            .expect("idempotency")
+            .with_metrics(Metrics::disabled());
         let breaker = BreakerLayer::new()
             .with_config(BreakerConfig {
                 consecutive_failures: 5,
@@ -217,31 +240,41 @@ fn soak_under_every_fault_at_once() {
             .with_attempt_timeout(Duration::from_secs(2))
             .with_rng(SplitMix64::seeded(7));
         macro_rules! stack {
-            ($primary:expr, $backup:expr) => {{
-                let chain = FallbackLayer::builder(LinkSpec::new("primary", "m"))
+            ($primary:expr, $backup:expr, $third:expr) => {{
+                let link = |name: &'static str| LinkSpec::new(name, "m");
+                let chain = FallbackLayer::builder(link("primary"))
                     .or(
-                        LinkSpec::new("backup", "m"),
+                        link("backup"),
                         ServiceBuilder::new()
                             .llm_retry(retry.clone())
                             .llm_breaker(breaker.clone())
                             .service($backup),
+                    )
+                    .or(
+                        link("third"),
+                        ServiceBuilder::new()
+                            .llm_retry(retry.clone())
+                            .llm_breaker(breaker.clone())
+                            .service($third),
                     )
                     .with_metrics(Metrics::disabled())
                     .build()
                     .expect("chain");
                 ServiceBuilder::new()
                     .layer(DeadlineLayer::new(DEADLINE).with_metrics(Metrics::disabled()))
+                    .layer(idempotency.clone())
                     .llm_fallback(chain)
                     .service(
                         ServiceBuilder::new()
+                            .llm_hedge(hedge.clone())
                             .llm_retry(retry.clone())
                             .llm_breaker(breaker.clone())
                             .service($primary),
                     )
             }};
         }
-        let unary = stack!(openai.clone(), anthropic.clone());
-        let streaming = stack!(openai.streaming(), anthropic.streaming());
+        let unary = stack!(openai.clone(), anthropic.clone(), third.clone());
+        let streaming = stack!(openai.streaming(), anthropic.streaming(), third.streaming());
 
         if let Ok(mut s) = STARTED.lock() {
             *s = Some(Instant::now());
@@ -282,9 +315,17 @@ fn soak_under_every_fault_at_once() {
                     let stream = i % 2 == 1;
                     let mut req = ChatRequest::new("m", vec![Message::user("hi")]);
                     req.stream = stream;
+                    if i % 10 == 0 {
+                        // Unary and streamed calls never share a key.
+                        IdempotencyKey::new(format!("k{}-{}", i % 200, stream)).store(&mut req);
+                    }
+                    let mut replayed = false;
+                    let mut hedged = false;
                     let (ok, duplicated) = if stream {
                         match streaming.clone().oneshot(req).await {
                             Ok(s) => {
+                                replayed = s.is_idempotent_replay();
+                                hedged = s.attempts().iter().any(|r| r.hedge);
                                 let mut seen = Vec::new();
                                 let mut s = s;
                                 let mut clean = true;
@@ -307,7 +348,14 @@ fn soak_under_every_fault_at_once() {
                             Err(_) => (false, 0),
                         }
                     } else {
-                        (unary.clone().oneshot(req).await.is_ok(), 0)
+                        match unary.clone().oneshot(req).await {
+                            Ok(res) => {
+                                replayed = res.idempotent_replayed;
+                                hedged = res.attempts.iter().any(|r| r.hedge);
+                                (true, 0)
+                            }
+                            Err(_) => (false, 0),
+                        }
                     };
                     let took = start.elapsed();
                     // A call is in the outage phase if it touched it.
@@ -317,6 +365,8 @@ fn soak_under_every_fault_at_once() {
                     t.calls += 1;
                     t.ok += usize::from(ok);
                     t.duplicated += duplicated;
+                    t.replayed += usize::from(replayed);
+                    t.hedged += usize::from(hedged);
                     t.max_overshoot = t.max_overshoot.max(took.saturating_sub(DEADLINE));
                     if outage {
                         t.outage_calls += 1;
@@ -365,6 +415,8 @@ fn soak_under_every_fault_at_once() {
         println!("| success while the backup is healthy | {:.3} % ({} / {}) |", 100.0 * success, t.healthy_ok, t.healthy_calls);
         println!("| upstream calls per call in the total outage | {per_call:.2} ({outage_upstream} for {} calls) |", t.outage_calls);
         println!("| streams with a duplicated or reordered chunk | {} |", t.duplicated);
+        println!("| answers replayed by the idempotency layer | {} |", t.replayed);
+        println!("| calls with a hedged attempt | {} |", t.hedged);
         println!("| open files after warm-up / at the end | {fds} / {} |", end.0);
         println!("| live tasks after warm-up / at the end | {tasks} / {} |", end.1);
         println!("| resident memory after warm-up / at the end | {} / {} KiB |", rss, end.2);
@@ -373,6 +425,8 @@ fn soak_under_every_fault_at_once() {
         assert!(t.outage_calls > 0, "the outage saw calls");
         assert!(per_call <= 1.2, "{per_call} upstream calls per call in the outage");
         assert_eq!(t.duplicated, 0);
+        assert!(t.replayed > 0, "the idempotency layer replayed answers");
+        assert!(t.hedged > 0, "the hedge layer hedged slow attempts");
         let within = |before: usize, after: usize| after <= before + before / 10 + 2;
         assert!(within(fds, end.0), "open files {fds} -> {}", end.0);
         assert!(within(tasks, end.1), "live tasks {tasks} -> {}", end.1);
