@@ -503,6 +503,17 @@ impl AttemptLog {
         }
     }
 
+    /// `true` when an attempt recorded at or after `index` (and not a
+    /// hedge) has failed: a hedge layer starts no hedge after its first
+    /// attempt failed (that is the retry and fallback layers' work).
+    pub fn failed_since(&self, index: usize) -> bool {
+        self.lock()
+            .records
+            .iter()
+            .skip(index)
+            .any(|r| !r.hedge && matches!(r.outcome, AttemptOutcome::Failed(_)))
+    }
+
     /// Drops the losing branch of a hedged call (`drop_loser` drops its
     /// future) and marks the records it left in flight
     /// [`CancelledByHedge`](AttemptOutcome::CancelledByHedge) (rule 7 of

@@ -368,6 +368,8 @@ async fn chat(
         drop(routes);
         let result = svc.oneshot(req).instrument(span).await;
         match &result {
+            // A replay made no attempt: its records are the first call's.
+            Ok(stream) if stream.is_idempotent_replay() => {}
             Ok(stream) => gw.status.observe(stream.attempts(), true),
             Err(f) => gw.status.observe(f.attempts(), true),
         }
@@ -389,6 +391,7 @@ async fn chat(
         drop(routes);
         let result = svc.oneshot(req).instrument(span).await;
         match &result {
+            Ok(res) if res.idempotent_replayed => {}
             Ok(res) => gw.status.observe(&res.attempts, false),
             Err(f) => gw.status.observe(f.attempts(), false),
         }

@@ -315,9 +315,14 @@ impl Gateway {
         let probes = self.probes();
         let now = self.status.minute();
         let mut page = String::with_capacity(16 << 10);
+        page.push_str("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">");
+        if !operator {
+            // An operator's page does not refresh itself: a reload would not
+            // present the token again, and its buttons would go.
+            page.push_str("<meta http-equiv=\"refresh\" content=\"5\">");
+        }
         page.push_str(
-            "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-<meta http-equiv=\"refresh\" content=\"5\"><title>tower-llm gateway status</title><style>\
+            "<title>tower-llm gateway status</title><style>\
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}\
 table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:.3em .6em;vertical-align:top;text-align:left}\
 .closed{color:#1e8449}.open,.isolated{color:#c0392b;font-weight:bold}.half_open{color:#b9770e;font-weight:bold}\
@@ -439,8 +444,13 @@ table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;p
         }
         let _ = write!(
             page,
-            "<p class=\"cap\">Rendered {}; refreshes every 5 s. Sparklines: p50 (solid) and p99 (dashed) per minute, last 15 minutes, log scale 1 ms to 60 s.</p></body></html>",
-            clock_in(Duration::ZERO)
+            "<p class=\"cap\">Rendered {}{}. Sparklines: p50 (solid) and p99 (dashed) per minute, last 15 minutes, log scale 1 ms to 60 s.</p></body></html>",
+            clock_in(Duration::ZERO),
+            if operator {
+                " (reload the page to refresh it)"
+            } else {
+                "; refreshes every 5 s"
+            }
         );
         page
     }

@@ -44,6 +44,8 @@ pin_project! {
         backup_link: Option<Link>,
         shared: Arc<Shared>,
         log: Option<AttemptLog>,
+        // The index of this call's first record in the log.
+        first: usize,
         owner: Option<CallOwner>,
         start: Instant,
         backup_start: Option<Instant>,
@@ -62,12 +64,14 @@ impl<F, B: Service<Req>, Req> std::fmt::Debug for ResponseFuture<F, B, Req> {
 }
 
 impl<F, B: Service<Req>, Req> ResponseFuture<F, B, Req> {
+    #[allow(clippy::too_many_arguments)] // one private constructor, each part distinct
     pub(crate) fn new(
         primary: F,
         hedge: Option<(Replay<Req>, B, Instant)>,
         backup_link: Option<Link>,
         shared: Arc<Shared>,
         log: Option<AttemptLog>,
+        first: usize,
         owner: Option<CallOwner>,
         start: Instant,
     ) -> Self {
@@ -86,6 +90,7 @@ impl<F, B: Service<Req>, Req> ResponseFuture<F, B, Req> {
             backup_link,
             shared,
             log,
+            first,
             owner,
             start,
             backup_start: None,
@@ -159,11 +164,11 @@ where
                         });
                     }
                     if let Some(learned) = &this.shared.learned {
-                        let since = match winner {
-                            Winner::Primary => *this.start,
-                            Winner::Backup => this.backup_start.unwrap_or(*this.start),
-                        };
-                        learned.record(since.elapsed());
+                        // The first attempt's time to answer: when the
+                        // hedge won, a lower bound of it (the slow tail is
+                        // what the quantile must see, or the delay would
+                        // shrink call after call).
+                        learned.record(this.start.elapsed());
                     }
                     return Poll::Ready(finish(this.done, this.owner, this.timer, Ok(res)));
                 }
@@ -206,6 +211,14 @@ where
             let Some(Pending { copy, mut service }) = this.pending.take() else {
                 return Poll::Pending;
             };
+            if this
+                .log
+                .as_ref()
+                .is_some_and(|l| l.failed_since(*this.first))
+            {
+                // The first attempt failed and is being retried: no hedge.
+                return Poll::Pending;
+            }
             if !this.shared.budget.withdraw() {
                 this.shared
                     .metrics

@@ -8,7 +8,8 @@ use tokio::time::Instant;
 /// Buckets per doubling of latency: bucket bounds grow by 2^(1/4), about
 /// 19 %, so a learned delay is at most that far above the true quantile.
 const PER_OCTAVE: f64 = 4.0;
-/// 64 buckets from 1 ms: the last one holds everything over 2^16 ms (65 s).
+/// 64 buckets from 1 ms: the last one holds everything over 2^(63/4) ms
+/// (about 55 s).
 const BUCKETS: usize = 64;
 /// How long one generation of counts lasts; the window is the current and
 /// the previous generation (10 to 20 s).
@@ -95,8 +96,10 @@ impl Learned {
         let now = Instant::now().saturating_duration_since(self.origin);
         let current = (now.as_nanos() / PERIOD.as_nanos()) as u64;
         let seen = self.generation.load(Ordering::Acquire);
-        if current == seen {
-            return current;
+        if current <= seen {
+            // Another thread has moved on already (its clock read later):
+            // never move the window backwards.
+            return seen;
         }
         if self
             .generation

@@ -90,6 +90,9 @@ where
         shared.budget.deposit();
         let (owner, copy) = Replay::enter(&mut req, &shared.metrics, true);
         let log = req.call().and_then(Call::log).cloned();
+        // This call's records start here (a fallback's earlier links are
+        // before).
+        let first = log.as_ref().map_or(0, tower_llm_core::AttemptLog::len);
         // A hedge is armed only for a request that may be sent twice and
         // when a useful attempt still fits before the deadline at the hedge
         // time.
@@ -108,6 +111,7 @@ where
             self.backup_link.clone(),
             shared.clone(),
             log,
+            first,
             owner,
             start,
         )

@@ -315,3 +315,25 @@ async fn a_learned_delay_replaces_the_configured_one_after_min_samples() {
     // tokio's timers fire on the next whole millisecond.
     assert_eq!(starts[6] - starts[5], learned.as_micros().div_ceil(1_000));
 }
+
+#[tokio::test(start_paused = true)]
+async fn no_hedge_while_the_retry_layer_retries_a_failed_first_attempt() {
+    // The first attempt fails at 100 ms; the retry layer waits its backoff
+    // (about 200 ms) then tries again (1 s): the hedge due at 200 ms must
+    // not start.
+    let provider = Provider::new(&[
+        (100, Then::Fail(FailureClass::Transient)),
+        (1_000, Then::Answer),
+        (10, Then::Answer),
+    ]);
+    let res = ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(30)))
+        .layer(hedge(200))
+        .layer(RetryLayer::new().with_max_attempts(2))
+        .service(provider.service())
+        .oneshot(req())
+        .await
+        .expect("the retry answers");
+    assert_eq!(res.id, "1");
+    assert_eq!(provider.calls(), 2, "no hedge: {:?}", provider.starts_ms());
+}

@@ -64,6 +64,12 @@ pub trait IdempotentAnswer: Sized {
 
 impl IdempotentAnswer for ChatResponse {
     fn capture(self, capture: Capture) -> Self {
+        if self.degraded {
+            // Built by the fallback layer because every link failed: a
+            // failure in disguise, never stored (the key is given up).
+            drop(capture);
+            return self;
+        }
         let mut stored = self.clone();
         stored.attempts = capture.records();
         capture.complete(Stored::Response(stored));
@@ -84,6 +90,11 @@ impl IdempotentAnswer for ChatResponse {
 
 impl IdempotentAnswer for ChatStream {
     fn capture(self, capture: Capture) -> Self {
+        if self.is_degraded() {
+            // A degraded answer is never stored (the key is given up).
+            drop(capture);
+            return self;
+        }
         let provider: Arc<str> = Arc::from(self.provider());
         let model = self.model().to_owned();
         let fallback_position = self.fallback_position();
@@ -232,8 +243,13 @@ impl Capture {
         let mut fut = fut;
         let mut cx = Context::from_waker(std::task::Waker::noop());
         if fut.as_mut().poll(&mut cx).is_pending() {
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(fut);
+            match tokio::runtime::Handle::try_current() {
+                Ok(handle) => {
+                    handle.spawn(fut);
+                }
+                // Nowhere to finish the write: give the key up rather
+                // than leave it held.
+                Err(_) => self.store.release(self.key.clone(), self.lease),
             }
         }
     }

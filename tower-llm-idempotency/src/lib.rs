@@ -71,7 +71,11 @@
 //! deadline → **idempotency** → fallback → retry → breaker: a replay
 //! short-circuits retries and failover, is never charged again, and is
 //! still observed by the deadline layer's telemetry; waiting for another
-//! call's answer is bounded by this call's deadline.
+//! call's answer is bounded by this call's deadline. A waiting duplicate
+//! keeps the inner service it was made ready with: a service that reserves
+//! something in `poll_ready` (a concurrency permit) holds it while it
+//! waits. A degraded answer (every link failed, the fallback built one)
+//! is never stored.
 //!
 //! # Stores
 //!

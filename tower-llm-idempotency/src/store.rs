@@ -280,7 +280,11 @@ impl MemoryStore {
                 fingerprint,
                 stored,
                 bytes,
-                expires: Instant::now() + ttl,
+                // A huge caller-given TTL keeps the answer "for ever" (a century)
+                // rather than overflow.
+                expires: Instant::now()
+                    .checked_add(ttl)
+                    .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 86_400)),
                 seq,
             },
         );

@@ -416,3 +416,27 @@ async fn a_stream_is_stored_once_complete_and_replayed_chunk_for_chunk() {
     assert!(end.is_none());
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_degraded_answer_is_never_stored() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    // Every link failed and the fallback built a degraded answer.
+    let provider = service_fn(move |_req: ChatRequest| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok::<_, Failure>(ChatResponse {
+            degraded: true,
+            ..ChatResponse::default()
+        }))
+    });
+    let svc = ServiceBuilder::new().layer(layer()).service(provider);
+    for _ in 0..2 {
+        let res = svc
+            .clone()
+            .oneshot(keyed("k", "hi"))
+            .await
+            .expect("answers");
+        assert!(res.degraded && !res.idempotent_replayed);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

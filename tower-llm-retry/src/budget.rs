@@ -244,7 +244,9 @@ impl Budget for RetryBudget {
             let (others_in, others_out) = self.window_except(epoch, index);
             let (deposits, withdrawals) = (others_in + s.deposits, others_out + s.withdrawals);
             let allowed = (deposits.saturating_mul(self.percent_milli) / 1000).max(self.floor);
-            if withdrawals >= allowed {
+            if withdrawals >= allowed || s.withdrawals >= FIELD_MAX {
+                // (A slot's count saturates: past it, refuse rather than
+                // take without counting.)
                 return false;
             }
             s.withdrawals += 1;
