@@ -176,65 +176,56 @@ pub struct Policy {
     pub idempotency_shared: Option<SharedIdempotencyPolicy>,
 }
 
-/// `[idempotency_shared]`: where idempotent answers are shared.
+/// `[breaker_shared]` and `[idempotency_shared]`: the Redis a gateway
+/// shares its circuits or its idempotent answers on.
 ///
 /// Its `Debug` never shows the URL's password.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SharedIdempotencyPolicy {
+pub struct SharedRedis {
     /// `redis`: the Redis URL, `redis://[:password@]host[:port][/db]`
-    /// (required). When Redis is down, each replica answers duplicates
-    /// in-process until it is back.
+    /// (required). For circuits, the shared threshold, window, cooldown
+    /// and probe count are `[breaker]`'s (a route's `breaker_policy`
+    /// judges its calls locally but the fleet's decisions follow
+    /// `[breaker]`); for idempotent answers, each replica answers
+    /// duplicates in-process while Redis is down.
     pub redis: String,
     /// `prefix`: the prefix of the Redis keys and channel (default
-    /// `tower-llm:idem:`); replicas share answers when they share it.
+    /// `tower-llm:breaker:` for circuits, `tower-llm:idem:` for answers);
+    /// replicas share when they share it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
-}
-
-impl SharedIdempotencyPolicy {
-    /// The Redis URL with any password replaced by `***`, for logs.
-    pub fn redacted(&self) -> String {
-        redact_url(&self.redis)
-    }
-}
-
-impl fmt::Debug for SharedIdempotencyPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SharedIdempotencyPolicy")
-            .field("redis", &self.redacted())
-            .field("prefix", &self.prefix)
-            .finish()
-    }
 }
 
 /// `[breaker_shared]`: where the circuits are shared.
-///
-/// Its `Debug` never shows the URL's password.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SharedBreakerPolicy {
-    /// `redis`: the Redis URL, `redis://[:password@]host[:port][/db]`
-    /// (required). The shared threshold, window, cooldown and probe count
-    /// are `[breaker]`'s; a route's `breaker_policy` judges its calls
-    /// locally but the fleet's decisions follow `[breaker]`.
-    pub redis: String,
-    /// `prefix`: the prefix of the Redis keys and channel (default
-    /// `tower-llm:breaker:`); replicas share circuits when they share it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prefix: Option<String>,
-}
+pub type SharedBreakerPolicy = SharedRedis;
 
-impl SharedBreakerPolicy {
+/// `[idempotency_shared]`: where idempotent answers are shared.
+pub type SharedIdempotencyPolicy = SharedRedis;
+
+impl SharedRedis {
     /// The Redis URL with any password replaced by `***`, for logs.
     pub fn redacted(&self) -> String {
         redact_url(&self.redis)
     }
+
+    /// Refuses a URL that is not Redis's, naming `table`.
+    fn check(&self, table: &str, problems: &mut Vec<String>) {
+        if !["redis://", "rediss://", "redis+unix://", "unix://"]
+            .iter()
+            .any(|s| self.redis.starts_with(s))
+        {
+            problems.push(format!(
+                "{table}.redis {:?} is not a redis:// URL",
+                self.redacted()
+            ));
+        }
+    }
 }
 
-impl fmt::Debug for SharedBreakerPolicy {
+impl fmt::Debug for SharedRedis {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SharedBreakerPolicy")
+        f.debug_struct("SharedRedis")
             .field("redis", &self.redacted())
             .field("prefix", &self.prefix)
             .finish()
@@ -999,15 +990,7 @@ impl Policy {
             }
         }
         if let Some(shared) = &self.breaker_shared {
-            if !["redis://", "rediss://", "redis+unix://", "unix://"]
-                .iter()
-                .any(|s| shared.redis.starts_with(s))
-            {
-                p.push(format!(
-                    "breaker_shared.redis {:?} is not a redis:// URL",
-                    shared.redacted()
-                ));
-            }
+            shared.check("breaker_shared", &mut p);
         }
         if let Some(idempotency) = &self.idempotency {
             if let Err(e) = idempotency.validate() {
@@ -1018,15 +1001,7 @@ impl Policy {
             if self.idempotency.is_none() {
                 p.push("idempotency_shared needs an [idempotency] table".to_owned());
             }
-            if !["redis://", "rediss://", "redis+unix://", "unix://"]
-                .iter()
-                .any(|s| shared.redis.starts_with(s))
-            {
-                p.push(format!(
-                    "idempotency_shared.redis {:?} is not a redis:// URL",
-                    shared.redacted()
-                ));
-            }
+            shared.check("idempotency_shared", &mut p);
         }
         let mut routes = HashSet::new();
         for route in &self.routes {

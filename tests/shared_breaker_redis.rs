@@ -2,16 +2,13 @@
 //! its own tokio runtime, its own `RedisStore` (its own connections) and
 //! its own breaker stack, in front of one loopback OpenAI-style server.
 //! Each test starts (and may kill and restart) its own `redis-server`; see
-//! `redis_support` for when a test skips. Real time: Redis's clock and
+//! `tower_llm_test_support::RedisServer` for when a test skips. Real time: Redis's clock and
 //! TTLs cannot be paused; every wait is a poll against a short deadline.
-
-mod redis_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use redis_support::{RedisServer, within};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm::breaker::{BreakerConfig, BreakerHandle, BreakerKey, CircuitState, RatioTrigger};
 use tower_llm::prelude::*;
@@ -19,6 +16,7 @@ use tower_llm::providers::https::client_with_connect_timeout;
 use tower_llm::providers::{ApiKey, OpenAi, OpenAiConfig};
 use tower_llm_breaker_redis::RedisStore;
 use tower_llm_providers::mock::{MockServer, Reply};
+use tower_llm_test_support::{RedisServer, within};
 
 type Stack = tower::util::BoxCloneSyncService<ChatRequest, ChatResponse, Failure>;
 

@@ -13,8 +13,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::io::AsyncBufReadExt;
 use tower_llm_providers::mock::{MockServer, Reply};
 
-mod redis_support;
-use redis_support::RedisServer;
+use tower_llm_test_support::RedisServer;
 
 const HELLO: &str = r#"{"model": "smart", "messages": [{"role": "user", "content": "Hello"}]}"#;
 

@@ -13,9 +13,8 @@ use tower_llm::config::Policy;
 use tower_llm_providers::mock::Reply;
 
 mod gateway_support;
-mod redis_support;
 use gateway_support::*;
-use redis_support::RedisServer;
+use tower_llm_test_support::RedisServer;
 
 fn down() -> Reply {
     Reply::openai_error(503, "server_error", "overloaded")

@@ -1,18 +1,14 @@
 //! Idempotency shared through a real Redis (issue 20): two replicas (two
 //! `IdempotencyLayer`s, each with its own `RedisStore` and connections)
 //! in front of one provider. Each test starts (and may kill and restart)
-//! its own `redis-server`; see `redis_support` for when a test skips.
+//! its own `redis-server`; see `tower_llm_test_support::RedisServer` for when a test skips.
 //! Real time: Redis's TTLs and pub/sub cannot be paused; every wait is a
 //! poll against a short deadline.
-
-#[path = "../../tests/redis_support/mod.rs"]
-mod redis_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use redis_support::{RedisServer, within};
 use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_core::{
@@ -23,6 +19,7 @@ use tower_llm_idempotency::{
     StoreError, Stored,
 };
 use tower_llm_idempotency_redis::RedisStore;
+use tower_llm_test_support::{RedisServer, within};
 
 type Svc<R> = BoxCloneSyncService<ChatRequest, R, Failure>;
 

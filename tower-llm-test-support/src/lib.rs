@@ -1,11 +1,11 @@
-//! A real `redis-server` of the test's own, on a free loopback port, that
-//! the test can kill and restart.
+//! Test support shared by the workspace's tests (not published).
+//!
+//! [`RedisServer`]: a real `redis-server` of the test's own, on a free
+//! loopback port, that the test can kill, freeze and restart.
 //!
 //! The binary is `redis-server` on `PATH` (or `$TOWER_LLM_REDIS_SERVER`).
 //! Without it, a test skips with a message, unless `CI` is set: then it
 //! fails (`.ci/run` sets `CI` and installs the server).
-
-#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -13,7 +13,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub(crate) struct RedisServer {
+/// A `redis-server` process of the test's own; killed when dropped.
+#[derive(Debug)]
+pub struct RedisServer {
     binary: String,
     port: u16,
     dir: PathBuf,
@@ -23,7 +25,7 @@ pub(crate) struct RedisServer {
 impl RedisServer {
     /// A running server, or `None` (skip) when there is no `redis-server`
     /// and `CI` is unset.
-    pub(crate) fn start(test: &str) -> Option<RedisServer> {
+    pub fn start(test: &str) -> Option<RedisServer> {
         let binary =
             std::env::var("TOWER_LLM_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
         let found = Command::new(&binary)
@@ -57,12 +59,13 @@ impl RedisServer {
         Some(server)
     }
 
-    pub(crate) fn url(&self) -> String {
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
     /// Kills the server (SIGKILL) and waits for it.
-    pub(crate) fn kill(&mut self) {
+    pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             // A frozen server must be able to die.
             let _ = Command::new("kill")
@@ -75,7 +78,7 @@ impl RedisServer {
 
     /// Stops (`SIGSTOP`) or resumes (`SIGCONT`) the server: connections
     /// stay open, nothing answers.
-    pub(crate) fn freeze(&self, frozen: bool) {
+    pub fn freeze(&self, frozen: bool) {
         let child = self.child.as_ref().expect("running");
         let status = Command::new("kill")
             .arg(if frozen { "-STOP" } else { "-CONT" })
@@ -87,7 +90,7 @@ impl RedisServer {
 
     /// Starts the server (again) on the same port, empty, and waits until
     /// it answers PING (5 s at most).
-    pub(crate) fn restart(&mut self) {
+    pub fn restart(&mut self) {
         self.kill();
         let child = Command::new(&self.binary)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
@@ -131,7 +134,7 @@ impl Drop for RedisServer {
 
 /// Polls `check` every 2 ms until it holds or `within` has passed; the
 /// time it took, or `None`.
-pub(crate) async fn within(within: Duration, mut check: impl FnMut() -> bool) -> Option<Duration> {
+pub async fn within(within: Duration, mut check: impl FnMut() -> bool) -> Option<Duration> {
     let start = Instant::now();
     loop {
         if check() {
