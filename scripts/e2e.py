@@ -8,7 +8,11 @@ zero-delay loopback provider, against the provider called directly.
 Installs the `oha` load generator with `cargo install oha --locked` if it is
 missing. Scenarios:
 
-- healthy: one provider answering at once;
+- healthy: one provider answering at once; the gateway side by side with
+  a bare hyper reverse proxy (`examples/bare_proxy.rs`: accept, read the
+  body, forward with the pooled client, stream the answer back), the floor
+  a gateway on this stack can reach, and the gateway's figures as ratios
+  to it;
 - rate-limited: the primary answers 429 with `Retry-After: 1` to 30 % of
   calls, a healthy fallback behind it (the gateway must hide every 429).
 
@@ -147,9 +151,19 @@ def scenario(name, oha_bin, seconds, rates):
         [f"{ROOT}/target/release/tower-llm-gateway", "--config", config.name,
          "--listen", f"127.0.0.1:{gw_port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    bare = None
+    bare_port = free_port()
+    if name == "healthy":
+        bare = subprocess.Popen(
+            [f"{ROOT}/target/release/examples/bare_proxy", f"127.0.0.1:{bare_port}",
+             f"http://127.0.0.1:{ports[0]}"], stdout=subprocess.DEVNULL)
     rows = []
+    bare_rows = []
+    bare_top = None
     try:
         wait_port(gw_port)
+        if bare:
+            wait_port(bare_port)
         direct_url = f"http://127.0.0.1:{ports[0]}/v1/chat/completions"
         gw_url = f"http://127.0.0.1:{gw_port}/v1/chat/completions"
         load(oha_bin, gw_url, BODY, 2, 500)  # warm up pools
@@ -160,9 +174,19 @@ def scenario(name, oha_bin, seconds, rates):
             cpu = cpu_seconds(gateway.pid) - before
             requests = max(through["ok"] + through["errors"], 1)
             rows.append((rate, direct, through, 1e6 * cpu / requests))
+            if bare:
+                bare_url = f"http://127.0.0.1:{bare_port}/v1/chat/completions"
+                before = cpu_seconds(bare.pid)
+                proxied = summary(load(oha_bin, bare_url, DIRECT_BODY, seconds, rate))
+                cpu = cpu_seconds(bare.pid) - before
+                served = max(proxied["ok"] + proxied["errors"], 1)
+                bare_rows.append((rate, direct, proxied, 1e6 * cpu / served))
         top = summary(load(oha_bin, gw_url, BODY, seconds, None))
+        if bare:
+            bare_top = summary(load(oha_bin, f"http://127.0.0.1:{bare_port}/v1/chat/completions",
+                                    DIRECT_BODY, seconds, None))
     finally:
-        for p in (gateway, upstream):
+        for p in [q for q in (gateway, upstream, bare) if q]:
             p.send_signal(signal.SIGINT)
             try:
                 p.wait(timeout=10)
@@ -181,6 +205,15 @@ def scenario(name, oha_bin, seconds, rates):
               f'{g["p99"] - d["p99"]:+.3f} ms | {cpu_us:.0f} µs |')
     print(f'\nunthrottled, 64 connections, {seconds} s: {top["rps"]:.0f} requests/s through the gateway, '
           f'{top["errors"]} errors, p99 {top["p99"]:.3f} ms')
+    if bare_rows:
+        print("\nthe bare hyper proxy in the same run, and the gateway as a ratio to it:\n")
+        print("| rate | bare: added p50 | bare: added p99 | bare: CPU per request | gateway / bare: CPU per request |")
+        print("|---|---|---|---|---|")
+        for (rate, d, b, bare_cpu), (_, _, _, gw_cpu) in zip(bare_rows, rows):
+            print(f'| {rate}/s | {b["p50"] - d["p50"]:+.3f} ms | {b["p99"] - d["p99"]:+.3f} ms | '
+                  f'{bare_cpu:.0f} µs | {gw_cpu / max(bare_cpu, 1e-9):.2f}× |')
+        print(f'\nunthrottled: bare proxy {bare_top["rps"]:.0f} requests/s; gateway / bare: '
+              f'{top["rps"] / max(bare_top["rps"], 1e-9):.2f}×')
 
 
 def main():
@@ -191,7 +224,7 @@ def main():
     args = parser.parse_args()
     oha_bin = oha()
     sh(["cargo", "build", "--release", "-p", "tower-llm-gateway", "--bin", "tower-llm-gateway"], cwd=ROOT)
-    sh(["cargo", "build", "--release", "--example", "mock_upstream"], cwd=ROOT)
+    sh(["cargo", "build", "--release", "--example", "mock_upstream", "--example", "bare_proxy"], cwd=ROOT)
     rates = [int(r) for r in args.rates.split(",")]
     print(f"machine: {os.cpu_count()} CPUs; {args.seconds} s per run; oha on 64 connections")
     for name in (["healthy", "rate-limited"] if args.scenario == "both" else [args.scenario]):
