@@ -13,7 +13,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::io::AsyncBufReadExt;
 use tower_llm_providers::mock::{MockServer, Reply};
 
-use tower_llm_test_support::RedisServer;
+use tower_llm_test_support::{RedisServer, poll};
 
 const HELLO: &str = r#"{"model": "smart", "messages": [{"role": "user", "content": "Hello"}]}"#;
 
@@ -79,24 +79,6 @@ async fn circuit_state(client: &Client<HttpConnector, Full<Bytes>>, gw: &Binary)
     assert_eq!(list.len(), 1, "{list:?}");
     assert_eq!(list[0]["provider"], "primary");
     list[0]["state"].as_str().expect("a state").to_owned()
-}
-
-/// Polls `check` every 10 ms for at most `limit`.
-async fn poll<F, Fut>(limit: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = std::time::Instant::now();
-    loop {
-        if check().await {
-            return true;
-        }
-        if start.elapsed() >= limit {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

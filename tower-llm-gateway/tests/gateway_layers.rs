@@ -14,7 +14,7 @@ use tower_llm_providers::mock::Reply;
 
 mod gateway_support;
 use gateway_support::*;
-use tower_llm_test_support::RedisServer;
+use tower_llm_test_support::{RedisServer, poll};
 
 fn down() -> Reply {
     Reply::openai_error(503, "server_error", "overloaded")
@@ -57,24 +57,6 @@ async fn circuit_state(h: &Harness) -> String {
     assert_eq!(list[0]["provider"], "primary");
     assert_eq!(list[0]["model"], "gpt-4o-mini");
     list[0]["state"].as_str().expect("a state").to_owned()
-}
-
-/// Polls `check` every 10 ms for at most `limit` (real time).
-async fn poll<F, Fut>(limit: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = std::time::Instant::now();
-    loop {
-        if check().await {
-            return true;
-        }
-        if start.elapsed() >= limit {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

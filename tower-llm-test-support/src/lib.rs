@@ -146,3 +146,23 @@ pub async fn within(within: Duration, mut check: impl FnMut() -> bool) -> Option
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
+
+/// Polls the asynchronous `check` every 10 ms until it holds or `limit`
+/// has passed (real time: for what a real server decides); `true` if it
+/// held.
+pub async fn poll<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return true;
+        }
+        if start.elapsed() >= limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
