@@ -357,10 +357,21 @@ async fn chat(
     };
     // The call's deadline, as the deadline layer counts it (from now).
     let deadline = Instant::now() + info.deadline;
-    let span = tracing::info_span!("gateway.chat", route = %req.model, stream = req.stream);
-    if let Some(cx) = parent {
-        let _ = span.set_parent(cx);
-    }
+    // A call with a trace context gets a span of its own target, for
+    // `telemetry::TracedCallsOnly`.
+    let span = match parent {
+        Some(cx) => {
+            let span = tracing::info_span!(
+                target: crate::telemetry::TRACED_CALL_TARGET,
+                "gateway.chat",
+                route = %req.model,
+                stream = req.stream
+            );
+            let _ = span.set_parent(cx);
+            span
+        }
+        None => tracing::info_span!("gateway.chat", route = %req.model, stream = req.stream),
+    };
     if req.stream {
         let Some(svc) = routes.stream.get(&*req.model).cloned() else {
             return unknown_route(&req.model);

@@ -55,6 +55,7 @@ mod routes;
 mod server;
 mod state;
 mod status;
+pub mod telemetry;
 
 pub use health::{Probe, probe_loop};
 pub use http::MAX_REQUEST_BODY;

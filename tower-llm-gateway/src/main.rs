@@ -80,8 +80,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // (per-request spans included) only from warn, so the log layer costs
     // nothing per request. Spans carry OpenTelemetry context so an inbound
     // `traceparent` is continued to the providers; calls that arrive
-    // without one are not sampled (add an exporter and a sampler of your
-    // choice in a real deployment).
+    // without one are not sampled, and build no span data at all
+    // (`TracedCallsOnly`). Add an exporter in a real deployment.
     let tracer = opentelemetry_sdk::trace::SdkTracerProvider::builder()
         .with_sampler(opentelemetry_sdk::trace::Sampler::ParentBased(Box::new(
             opentelemetry_sdk::trace::Sampler::AlwaysOff,
@@ -99,7 +99,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .with(
             tracing_opentelemetry::layer()
                 .with_tracer(tracer.tracer("gateway"))
-                .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+                .with_filter(tower_llm_gateway::telemetry::TracedCallsOnly),
         )
         .try_init()?;
 
