@@ -15,12 +15,12 @@
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use tower_llm::config::Policy;
-//! use tower_llm_gateway::{Gateway, KeySource};
+//! use tower_llm_gateway::{Gateway, KeySource, Transport};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let policy = Policy::from_toml(&std::fs::read_to_string("gateway.toml")?)?;
 //! let keys: KeySource = Arc::new(|provider| provider.api_key_from_env());
-//! let transport = tower_llm::providers::https::client_with_connect_timeout(Duration::from_secs(5));
+//! let transport = Transport::per_thread(Duration::from_secs(5));
 //! let limits = policy.server;
 //! let gateway = Gateway::new(policy, transport, keys)?;
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
@@ -56,8 +56,9 @@ mod server;
 mod state;
 mod status;
 pub mod telemetry;
+mod transport;
 
 pub use health::{Probe, probe_loop};
 pub use http::MAX_REQUEST_BODY;
-pub use server::serve;
+pub use server::{ConnectionSlots, serve, serve_with_slots};
 pub use state::{Gateway, KeySource, Transport, reload_on_change};

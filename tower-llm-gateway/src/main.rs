@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p tower-llm-gateway                   # the demo, no keys
-//! tower-llm-gateway --config gateway.toml --listen 127.0.0.1:8080
+//! tower-llm-gateway --config gateway.toml --listen 127.0.0.1:8080 [--workers N]
 //! ```
 //!
 //! Without `--config` it starts two in-process mock providers (a flaky
@@ -22,6 +22,11 @@
 //! - The config file is reloaded on SIGHUP and when it changes (once it
 //!   has stayed unchanged for `server.reload_settle_ms`); an invalid file
 //!   is refused and the running policy stays.
+//! - One worker thread per core (`--workers N` to choose), each with a
+//!   single-threaded tokio runtime and its own listener on the same port
+//!   (`SO_REUSEPORT`: the kernel spreads connections across them) and its
+//!   own pool of provider connections: a call is served start to end on
+//!   the thread that accepted its connection, and wakes no other.
 //! - The server enforces the `[server]` limits (header, idle, body and send
 //!   timeouts, connection and in-flight caps) and shuts down gracefully on
 //!   SIGTERM or ctrl-c: it stops accepting, lets calls in flight finish up
@@ -43,44 +48,58 @@ use tracing_subscriber::util::SubscriberInitExt;
 struct Args {
     config: Option<PathBuf>,
     listen: Option<String>,
+    workers: Option<usize>,
 }
+
+const USAGE: &str =
+    "usage: tower-llm-gateway [--config PATH.toml] [--listen HOST:PORT] [--workers N]";
 
 fn args() -> Result<Args, String> {
     let mut args = Args {
         config: None,
         listen: None,
+        workers: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--config" => args.config = Some(it.next().ok_or("--config needs a path")?.into()),
             "--listen" => args.listen = Some(it.next().ok_or("--listen needs host:port")?),
-            "-h" | "--help" => {
-                return Err(
-                    "usage: tower-llm-gateway [--config PATH.toml] [--listen HOST:PORT]".into(),
-                );
+            "--workers" => {
+                let n = it.next().ok_or("--workers needs a number")?;
+                match n.parse::<usize>() {
+                    Ok(n) if n > 0 => args.workers = Some(n),
+                    _ => return Err(format!("--workers needs a number above 0, not {n:?}")),
+                }
             }
+            "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?} (try --help)")),
         }
     }
     Ok(args)
 }
 
-#[tokio::main]
-async fn main() {
-    if let Err(e) = run().await {
+fn main() {
+    let started = args().map_err(Into::into).and_then(|args| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(run(args))
+    });
+    if let Err(e) = started {
         eprintln!("tower-llm-gateway: {e}");
         std::process::exit(1);
     }
 }
 
-async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let args = args()?;
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+async fn run(args: Args) -> Result<(), Error> {
     // Logs to stderr: the gateway's own events at info, everything else
     // (per-request spans included) only from warn, so the log layer costs
     // nothing per request. Spans carry OpenTelemetry context so an inbound
     // `traceparent` is continued to the providers; calls that arrive
-    // without one are not sampled, and build no span data at all
+    // without one are not sampled, and none of their spans is created
     // (`TracedCallsOnly`). Add an exporter in a real deployment.
     let tracer = opentelemetry_sdk::trace::SdkTracerProvider::builder()
         .with_sampler(opentelemetry_sdk::trace::Sampler::ParentBased(Box::new(
@@ -91,6 +110,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .with_default(tracing::Level::WARN)
         .with_target("gateway", tracing::Level::INFO);
     tracing_subscriber::registry()
+        .with(tower_llm_gateway::telemetry::TracedCallsOnly)
         .with(
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
@@ -99,7 +119,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .with(
             tracing_opentelemetry::layer()
                 .with_tracer(tracer.tracer("gateway"))
-                .with_filter(tower_llm_gateway::telemetry::TracedCallsOnly),
+                .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
         )
         .try_init()?;
 
@@ -121,8 +141,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .or_else(|| policy.listen.clone())
         .unwrap_or_else(|| "127.0.0.1:8080".to_owned());
     let limits = policy.server;
-    let transport =
-        tower_llm::providers::https::client_with_connect_timeout(Duration::from_secs(5));
+    let transport = tower_llm_gateway::Transport::per_thread(Duration::from_secs(5));
     let gateway = Gateway::new(policy, transport, keys)?;
 
     if let Some(path) = args.config.clone() {
@@ -132,8 +151,25 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // Probes follow `[health] probe_interval_ms` of the running policy.
     tokio::spawn(tower_llm_gateway::probe_loop(gateway.clone()));
 
-    let listener = tokio::net::TcpListener::bind(&listen).await?;
+    // One worker per core by default; a port is shared only where
+    // SO_REUSEPORT exists.
+    let workers = if cfg!(unix) {
+        args.workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
+    } else {
+        1
+    };
+    let addr = tokio::net::lookup_host(&listen)
+        .await?
+        .next()
+        .ok_or_else(|| format!("{listen:?} names no address"))?;
+    // Every worker's listener is open before the address is printed.
+    let listener = listen_shared(&addr, workers > 1)?;
     let addr = listener.local_addr()?;
+    let mut others = Vec::new();
+    for _ in 1..workers {
+        others.push(listen_shared(&addr, true)?.into_std()?);
+    }
     println!("tower-llm gateway listening on http://{addr}");
     if args.config.is_none() {
         println!(
@@ -148,7 +184,51 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // Calls in flight at shutdown get the running policy's whole budget:
     // their body's read time and their deadline.
     let running = gateway.clone();
-    let shutdown = async move {
+    let (stop, stopping) = tokio::sync::watch::channel(None::<Duration>);
+    let grace = move || {
+        let mut stopping = stopping.clone();
+        async move {
+            match stopping.wait_for(Option::is_some).await {
+                Ok(grace) => grace.unwrap_or_default(),
+                Err(_) => Duration::ZERO,
+            }
+        }
+    };
+    // Workers 1.. each run a single-threaded runtime of their own; worker
+    // 0 is this thread, which also runs the reload and probe tasks. They
+    // share `[server] max_connections`.
+    let router = gateway.router();
+    let slots = tower_llm_gateway::ConnectionSlots::new(limits.max_connections);
+    let mut threads = Vec::new();
+    for (worker, listener) in (1..).zip(others) {
+        let (router, grace, slots) = (router.clone(), grace.clone(), slots.clone());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let thread = std::thread::Builder::new()
+            .name(format!("gateway-worker-{worker}"))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    match tokio::net::TcpListener::from_std(listener) {
+                        Ok(listener) => {
+                            tower_llm_gateway::serve_with_slots(
+                                listener,
+                                router,
+                                limits,
+                                slots,
+                                grace(),
+                            )
+                            .await;
+                        }
+                        Err(e) => {
+                            tracing::error!(target: "gateway", error = %e, worker, "a worker could not listen");
+                        }
+                    }
+                });
+            })?;
+        threads.push(thread);
+    }
+    tokio::spawn(async move {
         shutdown_signal().await;
         let policy = running.policy();
         let longest = policy
@@ -158,11 +238,38 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             .map(|r| Duration::from_millis(r.total_ms))
             .max()
             .unwrap_or_else(|| policy.deadline.total());
-        policy.server.body_read_timeout() + longest
-    };
-    tower_llm_gateway::serve(listener, gateway.router(), limits, shutdown).await;
+        let _ = stop.send(Some(policy.server.body_read_timeout() + longest));
+    });
+    tower_llm_gateway::serve_with_slots(listener, router, limits, slots, grace()).await;
+    // This runtime keeps running (the shared stores' tasks live on it)
+    // while the other workers finish.
+    for thread in threads {
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
     tracing::info!(target: "gateway", "stopped");
     Ok(())
+}
+
+/// A listener on `addr`; with `shared`, others may listen on the same
+/// port (SO_REUSEPORT, where the platform has it).
+fn listen_shared(
+    addr: &std::net::SocketAddr,
+    shared: bool,
+) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    #[cfg(unix)]
+    if shared {
+        socket.set_reuseport(true)?;
+    }
+    #[cfg(not(unix))]
+    let _ = shared;
+    socket.bind(*addr)?;
+    socket.listen(1024)
 }
 
 /// Resolves on ctrl-c or SIGTERM.

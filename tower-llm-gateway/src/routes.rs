@@ -142,5 +142,5 @@ fn unavailable<Res: Send + 'static>(name: &str) -> RouteService<Res> {
 
 /// A transport with `limit` as its connect timeout.
 fn connect_with(limit: Duration) -> Transport {
-    tower_llm::providers::https::client_with_connect_timeout(limit)
+    Transport::per_thread(limit)
 }

@@ -277,6 +277,27 @@ impl hyper::body::Body for Tracked {
     }
 }
 
+/// The connection slots of `[server] max_connections`: one per open
+/// connection, shared by every listener served with them
+/// ([`serve_with_slots`]), so several listeners (one per worker thread)
+/// still hold at most that many connections between them. A listener
+/// waiting for its next connection holds one slot.
+#[derive(Debug, Clone)]
+pub struct ConnectionSlots {
+    slots: Arc<Semaphore>,
+    max: usize,
+}
+
+impl ConnectionSlots {
+    /// Slots for at most `max_connections` open connections.
+    pub fn new(max_connections: usize) -> Self {
+        ConnectionSlots {
+            slots: Arc::new(Semaphore::new(max_connections)),
+            max: max_connections,
+        }
+    }
+}
+
 /// Serves `router` on `listener` with `limits` until `shutdown` resolves
 /// (to the grace period); then stops accepting, lets each connection
 /// finish the call it serves for up to that grace, drops the connections
@@ -288,7 +309,22 @@ pub async fn serve(
     limits: ServerPolicy,
     shutdown: impl Future<Output = Duration> + Send,
 ) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = ConnectionSlots::new(limits.max_connections);
+    serve_with_slots(listener, router, limits, slots, shutdown).await;
+}
+
+/// [`serve`], with connection slots shared with other listeners: the
+/// binary serves one listener per worker thread (each on a runtime of its
+/// own) with one [`ConnectionSlots`]. On shutdown it returns once every
+/// connection holding one of `slots` is gone (or the grace has run out).
+pub async fn serve_with_slots(
+    listener: TcpListener,
+    router: Router,
+    limits: ServerPolicy,
+    slots: ConnectionSlots,
+    shutdown: impl Future<Output = Duration> + Send,
+) {
+    let ConnectionSlots { slots, max } = slots;
     let (stop, stopped) = tokio::sync::watch::channel(Duration::ZERO);
     let mut shutdown = std::pin::pin!(shutdown);
     let grace = loop {
@@ -322,7 +358,7 @@ pub async fn serve(
     drop(listener);
     let _ = stop.send(grace);
     // Every connection holds a slot until it is gone.
-    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    let all = u32::try_from(max).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(grace + Duration::from_secs(1), slots.acquire_many(all)).await;
 }
 

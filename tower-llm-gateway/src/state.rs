@@ -32,8 +32,7 @@ pub type KeySource = Arc<
         + Sync,
 >;
 
-/// What the HTTP transport must be.
-pub type Transport = tower_llm::providers::https::HttpsClient;
+pub use crate::transport::Transport;
 
 /// The routes of one policy: swapped whole on reload.
 pub(crate) struct Routes {
@@ -122,9 +121,10 @@ impl Gateway {
     /// `[breaker_shared]`, no tokio runtime or a URL that does not parse.
     pub fn new(
         policy: Policy,
-        transport: Transport,
+        transport: impl Into<Transport>,
         keys: KeySource,
     ) -> Result<Arc<Self>, ConfigError> {
+        let transport = transport.into();
         policy.validate()?;
         let registry = prometheus::Registry::new();
         let exporter = opentelemetry_prometheus::exporter()

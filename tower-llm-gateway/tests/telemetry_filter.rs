@@ -1,6 +1,6 @@
-//! `TracedCallsOnly`: the OpenTelemetry layer sees no span of a call
-//! without a trace context, every span of a call with one, and the trace
-//! still continues upstream. In a test binary of its own (tracing's
+//! `TracedCallsOnly`: no span exists for a call without a trace context
+//! (a layer without a filter of its own sees none), every span of a call
+//! with one does, and the trace still continues upstream. In a test binary of its own (tracing's
 //! callsite interest cache is process-wide).
 
 use std::sync::{Arc, Mutex};
@@ -17,7 +17,7 @@ use tracing_subscriber::registry::LookupSpan;
 mod gateway_support;
 use gateway_support::*;
 
-/// Names of the spans a layer was given.
+/// Names of the spans created.
 #[derive(Clone, Default)]
 struct Seen(Arc<Mutex<Vec<&'static str>>>);
 
@@ -46,12 +46,9 @@ async fn only_calls_with_a_trace_context_build_spans_and_their_trace_continues()
     let seen = Seen::default();
     let _guard = tracing::subscriber::set_default(
         tracing_subscriber::registry()
-            .with(seen.clone().with_filter(TracedCallsOnly))
-            .with(
-                tracing_opentelemetry::layer()
-                    .with_tracer(tracer.tracer("test"))
-                    .with_filter(TracedCallsOnly),
-            ),
+            .with(TracedCallsOnly)
+            .with(seen.clone())
+            .with(tracing_opentelemetry::layer().with_tracer(tracer.tracer("test"))),
     );
     let h = start(Reply::openai_text("hi"), Reply::anthropic_text("b"), "").await;
 
