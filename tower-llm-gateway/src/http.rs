@@ -24,8 +24,8 @@ use tower_http::request_id::{
 };
 use tower_http::trace::TraceLayer;
 use tower_llm::providers::openai::server::{
-    SseFrames, decode_request, encode_error, encode_response,
-    failure_response as openai_failure_response, sse_error_event, wants_usage,
+    SseFrames, decode_request, encode_error, failure_response as openai_failure_response,
+    sse_error_event, wants_usage, write_response,
 };
 use tower_llm::{AttemptOutcome, AttemptRecord, ChatStream, Failure};
 use tracing::Instrument;
@@ -408,18 +408,7 @@ async fn chat(
         }
         match result {
             Ok(res) => {
-                let json = match serde_json::to_vec(&encode_response(&res, &res.model, now_unix()))
-                {
-                    Ok(json) => json,
-                    Err(_) => {
-                        return error(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            "the answer could not be encoded",
-                            "server_error",
-                            None,
-                        );
-                    }
-                };
+                let json = write_response(&res, &res.model, now_unix());
                 let mut out = Response::new(Body::new(Holding {
                     body: http_body_util::Full::new(Bytes::from(json)),
                     _held: held,
