@@ -5,7 +5,8 @@
 //! cargo run --release --example mock_upstream -- rate-limited 127.0.0.1:9101 127.0.0.1:9102
 //! ```
 //!
-//! `healthy`: one OpenAI-format provider answering at once. `rate-limited`:
+//! `healthy`: one OpenAI-format provider answering at once (a call with
+//! `"stream": true` gets a stream of 50 one-word chunks). `rate-limited`:
 //! a primary answering 429 with `Retry-After: 1` to 30 % of calls and
 //! healthy otherwise, and a healthy Anthropic-format fallback. Runs until
 //! killed; prints `ready` when listening.
@@ -13,6 +14,19 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tower_llm_providers::mock::{MockServer, Recorded, Reply};
+
+/// The pieces of a streamed answer.
+const PIECES: [&str; 50] = ["tok "; 50];
+
+fn healthy(req: &Recorded) -> Reply {
+    let wants_stream = serde_json::from_slice::<serde_json::Value>(&req.body)
+        .is_ok_and(|v| v["stream"] == serde_json::Value::Bool(true));
+    if wants_stream {
+        Reply::openai_stream(&PIECES)
+    } else {
+        Reply::openai_text("hello")
+    }
+}
 
 fn rate_limited(_req: &Recorded) -> Reply {
     static CALLS: AtomicUsize = AtomicUsize::new(0);
@@ -35,7 +49,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match args.first().map(String::as_str) {
         Some("healthy") => {
             let addr = args.get(1).ok_or("healthy ADDR")?;
-            servers.push(MockServer::start_on(bind(addr)?, Reply::openai_text("hello")).await?);
+            servers.push(MockServer::start_on(bind(addr)?, Reply::With(healthy)).await?);
         }
         Some("rate-limited") => {
             let (a, b) = (
