@@ -58,6 +58,8 @@ struct State {
     requests: usize,
     /// Since when a write has been waiting on a client that reads nothing.
     write_blocked: Option<Instant>,
+    /// When the connection's timer looks at the state next.
+    armed: Option<Instant>,
 }
 
 /// One accepted connection, as its requests see it (in their extensions).
@@ -66,19 +68,22 @@ pub(crate) struct Connection(Arc<Shared>);
 
 #[derive(Debug)]
 struct Shared {
+    limits: ServerPolicy,
     state: Mutex<State>,
     closed: AtomicBool,
     changed: Notify,
 }
 
 impl Connection {
-    fn new() -> Self {
+    fn new(limits: ServerPolicy) -> Self {
         Connection(Arc::new(Shared {
+            limits,
             // A new connection owes its first head at once.
             state: Mutex::new(State {
                 phase: Phase::Head(Instant::now()),
                 requests: 0,
                 write_blocked: None,
+                armed: None,
             }),
             closed: AtomicBool::new(false),
             changed: Notify::new(),
@@ -92,8 +97,18 @@ impl Connection {
         self.0.changed.notify_one();
     }
 
-    fn update(&self, f: impl FnOnce(&mut State) -> bool) {
-        let notify = f(&mut self.0.state.lock().unwrap_or_else(PoisonError::into_inner));
+    /// Changes the state; wakes the connection's timer only when the change
+    /// brings a deadline before the check it armed (a connection's every
+    /// request would otherwise poll its whole task once more).
+    fn update(&self, f: impl FnOnce(&mut State)) {
+        let mut s = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut s);
+        let notify = match (expires(&s, &self.0.limits), s.armed) {
+            (Some(deadline), Some(armed)) => deadline < armed,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        drop(s);
         if notify {
             self.0.changed.notify_one();
         }
@@ -103,7 +118,6 @@ impl Connection {
         self.update(|s| {
             s.requests += 1;
             s.phase = Phase::Busy;
-            true
         });
     }
 
@@ -113,17 +127,14 @@ impl Connection {
             if s.requests == 0 {
                 s.phase = Phase::Idle(Instant::now());
             }
-            true
         });
     }
 
     fn read_bytes(&self) {
-        self.update(|s| match s.phase {
-            Phase::Idle(_) => {
+        self.update(|s| {
+            if let Phase::Idle(_) = s.phase {
                 s.phase = Phase::Head(Instant::now());
-                true
             }
-            _ => false,
         });
     }
 
@@ -134,16 +145,14 @@ impl Connection {
         self.update(|s| match polled {
             Poll::Pending if s.write_blocked.is_none() => {
                 s.write_blocked = Some(Instant::now());
-                true
             }
             Poll::Ready(Ok(n)) if *n > 0 => {
                 if let Phase::Idle(since) = &mut s.phase {
                     *since = Instant::now();
                 }
-                // The timer's task re-reads the state when it wakes.
-                s.write_blocked.take().is_some()
+                s.write_blocked = None;
             }
-            _ => false,
+            _ => {}
         });
     }
 
@@ -158,21 +167,61 @@ impl Connection {
     }
 
     /// When the connection must be closed unless something happens first.
-    fn expires(&self, limits: &ServerPolicy) -> Option<Instant> {
+    fn expires(&self) -> Option<Instant> {
         let s = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let phase = match s.phase {
-            // Bytes of the last answer still waiting on the client: that is
-            // sending (the send timer's), not idling.
-            Phase::Idle(_) if s.write_blocked.is_some() => None,
-            Phase::Idle(since) => Some(since + limits.idle_timeout()),
-            Phase::Head(since) => Some(since + limits.header_read_timeout()),
-            Phase::Busy => None,
+        expires(&s, &self.0.limits)
+    }
+
+    /// When the connection's timer looks at the state next (and arms it
+    /// there): never later than [`expires`], and early enough that only a
+    /// change [`Connection::update`] wakes it for can bring a deadline
+    /// before it:
+    /// - busy: after the shorter of the idle and header timeouts;
+    /// - idle since `t`: at its deadline, or after one header timeout if
+    ///   that is sooner (a head may start at any time);
+    /// - reading a head since `t`: at its deadline;
+    /// - a write waiting on the client adds its send deadline (and an idle
+    ///   connection still sending has no idle deadline).
+    ///
+    /// Never sooner than a millisecond from now, so the timer's loop
+    /// cannot spin.
+    fn next_check(&self) -> Instant {
+        let now = Instant::now();
+        let limits = &self.0.limits;
+        let head = limits.header_read_timeout();
+        let mut s = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let check = match (s.phase, s.write_blocked) {
+            (Phase::Busy, None) => now + limits.idle_timeout().min(head),
+            (Phase::Busy | Phase::Idle(_), Some(since)) => {
+                (now + head).min(since + limits.send_timeout())
+            }
+            (Phase::Idle(since), None) => (since + limits.idle_timeout()).min(now + head),
+            (Phase::Head(since), blocked) => {
+                let deadline = since + head;
+                blocked.map_or(deadline, |b| deadline.min(b + limits.send_timeout()))
+            }
         };
-        let send = s.write_blocked.map(|since| since + limits.send_timeout());
-        match (phase, send) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let check = check.max(now + Duration::from_millis(1));
+        s.armed = Some(check);
+        check
+    }
+}
+
+/// When a connection in state `s` must be closed unless something happens
+/// first.
+fn expires(s: &State, limits: &ServerPolicy) -> Option<Instant> {
+    let phase = match s.phase {
+        // Bytes of the last answer still waiting on the client: that is
+        // sending (the send timer's), not idling.
+        Phase::Idle(_) if s.write_blocked.is_some() => None,
+        Phase::Idle(since) => Some(since + limits.idle_timeout()),
+        Phase::Head(since) => Some(since + limits.header_read_timeout()),
+        Phase::Busy => None,
+    };
+    let send = s.write_blocked.map(|since| since + limits.send_timeout());
+    match (phase, send) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -370,7 +419,7 @@ async fn connection(
     limits: ServerPolicy,
     stopped: &mut tokio::sync::watch::Receiver<Duration>,
 ) {
-    let conn = Connection::new();
+    let conn = Connection::new(limits);
     let io = TokioIo::new(Watched {
         io: tcp,
         conn: conn.clone(),
@@ -402,17 +451,17 @@ async fn connection(
             return;
         }
         let changed = conn.0.changed.notified();
-        let expires = match (conn.expires(&limits), stop_by) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        let check = match stop_by {
+            Some(stop) => conn.next_check().min(stop),
+            None => conn.next_check(),
         };
         tokio::select! {
             _ = served.as_mut() => return,
             _ = changed => {}
-            _ = tokio::time::sleep_until(expires.unwrap_or_else(Instant::now)), if expires.is_some() => {
+            _ = tokio::time::sleep_until(check) => {
                 let now = Instant::now();
                 if stop_by.is_some_and(|t| t <= now)
-                    || conn.expires(&limits).is_some_and(|t| t <= now)
+                    || conn.expires().is_some_and(|t| t <= now)
                 {
                     return;
                 }
