@@ -43,9 +43,20 @@
 //!
 //! # Feature flags
 //!
-//! None. The crate needs tokio's multi-threaded runtime, axum,
-//! tower-http, the OpenTelemetry SDK and Prometheus: the library crates
-//! of tower-llm never build them for it.
+//! None. The crate needs tokio, axum, tower-http, the OpenTelemetry SDK
+//! and Prometheus: the library crates of tower-llm never build them for
+//! it.
+//!
+//! # Serving on every core
+//!
+//! The binary runs one single-threaded runtime per core, each serving its
+//! own listener on one port (`SO_REUSEPORT`) with [`serve_with_slots`]
+//! and one shared [`ConnectionSlots`] (so `[server] max_connections`
+//! holds for the process), over a [`Transport::per_thread`] (each thread
+//! its own provider connections): a call never leaves the thread that
+//! accepted it. One [`Gateway`] is shared by all of them. Its subscriber
+//! is filtered by [`telemetry::TracedCallsOnly`]. [`serve`] on a
+//! multi-threaded runtime works as well, at more CPU per call.
 
 mod admin;
 pub mod demo;

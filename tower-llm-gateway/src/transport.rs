@@ -43,7 +43,7 @@ pub struct Transport {
 
 #[derive(Clone)]
 enum Kind {
-    Shared(HttpsClient),
+    Shared(Arc<HttpsClient>),
     PerThread(Arc<PerThread>),
 }
 
@@ -72,7 +72,7 @@ impl Transport {
     /// One client (one pool) for every thread.
     pub fn shared(client: HttpsClient) -> Self {
         Transport {
-            kind: Kind::Shared(client),
+            kind: Kind::Shared(Arc::new(client)),
         }
     }
 
