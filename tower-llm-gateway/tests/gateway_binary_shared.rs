@@ -2,73 +2,21 @@
 //! file sharing their circuits through a real Redis, in front of one
 //! failing loopback upstream.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tokio::io::AsyncBufReadExt;
 use tower_llm_providers::mock::{MockServer, Reply};
 
 use tower_llm_test_support::{RedisServer, poll};
 
+mod binary_support;
+use binary_support::{Binary, send, spawn};
+
 const HELLO: &str = r#"{"model": "smart", "messages": [{"role": "user", "content": "Hello"}]}"#;
-
-/// A running gateway binary; killed when dropped.
-struct Binary {
-    url: String,
-    _child: tokio::process::Child,
-}
-
-async fn spawn(config: &std::path::Path) -> Binary {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-llm-gateway"))
-        .arg("--config")
-        .arg(config)
-        .args(["--listen", "127.0.0.1:0"])
-        .env("UPSTREAM_KEY", "sk-test-key")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the gateway binary starts");
-    let stdout = child.stdout.take().expect("its stdout");
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    // "tower-llm gateway listening on http://127.0.0.1:PORT"
-    let url = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(at) = line.find("http://") {
-                return line[at..].trim().to_owned();
-            }
-        }
-        panic!("the gateway ended without listening");
-    })
-    .await
-    .expect("the gateway listens within 10 s");
-    // Keep reading its stdout so it never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Binary { url, _child: child }
-}
-
-async fn send(
-    client: &Client<HttpConnector, Full<Bytes>>,
-    method: &str,
-    url: &str,
-    body: &'static str,
-) -> (u16, String) {
-    let req = http::Request::builder()
-        .method(method)
-        .uri(url)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(body.as_bytes())))
-        .expect("request");
-    let res = client.request(req).await.expect("an answer");
-    let status = res.status().as_u16();
-    let body = res.into_body().collect().await.expect("body").to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
 
 /// The state of the only circuit `GET /health/circuits` lists.
 async fn circuit_state(client: &Client<HttpConnector, Full<Bytes>>, gw: &Binary) -> String {
@@ -119,8 +67,8 @@ async fn two_gateway_processes_share_a_circuit_through_redis() {
         ),
     )
     .expect("write the policy");
-    let a = spawn(&config).await;
-    let b = spawn(&config).await;
+    let a = spawn(&config, &[]).await;
+    let b = spawn(&config, &[]).await;
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
 

@@ -4,16 +4,17 @@
 //! SIGTERM lets a call in flight on any worker finish before the process
 //! exits 0. Real processes and real time: bounded waits, never a sleep.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tokio::io::AsyncBufReadExt;
 use tower_llm_providers::mock::{MockServer, Reply};
+
+mod binary_support;
+use binary_support::{send, spawn};
 
 const HELLO: &str = r#"{"model": "smart", "messages": [{"role": "user", "content": "Hello"}]}"#;
 
@@ -48,38 +49,6 @@ fn config(name: &str, upstream: &MockServer, failures: u32) -> std::path::PathBu
     path
 }
 
-struct Binary {
-    url: String,
-    child: tokio::process::Child,
-}
-
-async fn spawn(config: &std::path::Path, workers: &str) -> Binary {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-llm-gateway"))
-        .arg("--config")
-        .arg(config)
-        .args(["--listen", "127.0.0.1:0", "--workers", workers])
-        .env("UPSTREAM_KEY", "sk-test-key")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the gateway binary starts");
-    let stdout = child.stdout.take().expect("its stdout");
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let url = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(at) = line.find("http://") {
-                return line[at..].trim().to_owned();
-            }
-        }
-        panic!("the gateway ended without listening");
-    })
-    .await
-    .expect("the gateway listens within 10 s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Binary { url, child }
-}
-
 /// A client whose every request opens a connection of its own (no pool),
 /// so the kernel spreads them across the workers' listeners.
 fn fresh_connections() -> Client<HttpConnector, Full<Bytes>> {
@@ -88,37 +57,17 @@ fn fresh_connections() -> Client<HttpConnector, Full<Bytes>> {
         .build_http()
 }
 
-async fn send(
-    client: &Client<HttpConnector, Full<Bytes>>,
-    method: &str,
-    url: &str,
-) -> (u16, String) {
-    let req = http::Request::builder()
-        .method(method)
-        .uri(url)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(HELLO.as_bytes())))
-        .expect("request");
-    let res = tokio::time::timeout(Duration::from_secs(10), client.request(req))
-        .await
-        .expect("an answer within 10 s")
-        .expect("an answer");
-    let status = res.status().as_u16();
-    let body = res.into_body().collect().await.expect("body").to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_worker_serves_and_the_circuits_are_one() {
     let upstream = MockServer::start(Reply::openai_text("hi"))
         .await
         .expect("upstream");
     let file = config("serve", &upstream, 20);
-    let gw = spawn(&file, "3").await;
+    let gw = spawn(&file, &["--workers", "3"]).await;
     let client = fresh_connections();
     let chat = format!("{}/v1/chat/completions", gw.url);
     for _ in 0..30 {
-        assert_eq!(send(&client, "POST", &chat).await.0, 200);
+        assert_eq!(send(&client, "POST", &chat, HELLO).await.0, 200);
     }
     // Each worker has a pool of its own: more than one worker served.
     assert!(
@@ -133,10 +82,10 @@ async fn every_worker_serves_and_the_circuits_are_one() {
         upstream.push(Reply::openai_error(503, "server_error", "down"));
     }
     for _ in 0..20 {
-        assert_eq!(send(&client, "POST", &chat).await.0, 503);
+        assert_eq!(send(&client, "POST", &chat, HELLO).await.0, 503);
     }
     let received = upstream.received().len();
-    let (status, body) = send(&client, "POST", &chat).await;
+    let (status, body) = send(&client, "POST", &chat, HELLO).await;
     assert_eq!(status, 503, "{body}");
     assert_eq!(
         upstream.received().len(),
@@ -144,7 +93,7 @@ async fn every_worker_serves_and_the_circuits_are_one() {
         "an open circuit calls nobody"
     );
     for _ in 0..6 {
-        let (status, body) = send(&client, "GET", &format!("{}/health/circuits", gw.url)).await;
+        let (status, body) = send(&client, "GET", &format!("{}/health/circuits", gw.url), "").await;
         assert_eq!(status, 200);
         assert!(body.contains(r#""state":"open""#), "{body}");
     }
@@ -157,13 +106,13 @@ async fn sigterm_lets_calls_in_flight_on_every_worker_finish() {
         .await
         .expect("upstream");
     let file = config("sigterm", &upstream, 5);
-    let mut gw = spawn(&file, "2").await;
+    let mut gw = spawn(&file, &["--workers", "2"]).await;
     let client = fresh_connections();
     let chat = format!("{}/v1/chat/completions", gw.url);
     let calls: Vec<_> = (0..8)
         .map(|_| {
             let (client, chat) = (client.clone(), chat.clone());
-            tokio::spawn(async move { send(&client, "POST", &chat).await.0 })
+            tokio::spawn(async move { send(&client, "POST", &chat, HELLO).await.0 })
         })
         .collect();
     let started = tower_llm_test_support::poll(Duration::from_secs(5), || async {

@@ -9,6 +9,16 @@ use tower::ServiceExt;
 use tower_llm_gateway::Transport;
 use tower_llm_providers::mock::{MockServer, Reply};
 
+/// One call through `transport`, its answer read whole.
+async fn call(transport: &Transport, url: &str) {
+    let req = http::Request::post(format!("{url}/v1/chat/completions"))
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .expect("request");
+    let res = transport.clone().oneshot(req).await.expect("an answer");
+    assert_eq!(res.status(), 200);
+    res.into_body().collect().await.expect("the body");
+}
+
 /// Three calls, one after the other, through `transport` from a new thread
 /// with a single-threaded runtime of its own.
 fn three_calls_from_a_thread(transport: Transport, url: String) {
@@ -19,12 +29,7 @@ fn three_calls_from_a_thread(transport: Transport, url: String) {
             .expect("a runtime");
         runtime.block_on(async move {
             for _ in 0..3 {
-                let req = http::Request::post(format!("{url}/v1/chat/completions"))
-                    .body(Full::new(Bytes::from_static(b"{}")))
-                    .expect("request");
-                let res = transport.clone().oneshot(req).await.expect("an answer");
-                assert_eq!(res.status(), 200);
-                res.into_body().collect().await.expect("the body");
+                call(&transport, &url).await;
             }
         });
     })
@@ -63,12 +68,7 @@ async fn per_thread_pools_are_each_threads_own() {
         let (transport, url) = (shared.clone(), upstream.url());
         tokio::spawn(async move {
             for _ in 0..3 {
-                let req = http::Request::post(format!("{url}/v1/chat/completions"))
-                    .body(Full::new(Bytes::from_static(b"{}")))
-                    .expect("request");
-                let res = transport.clone().oneshot(req).await.expect("an answer");
-                assert_eq!(res.status(), 200);
-                res.into_body().collect().await.expect("the body");
+                call(&transport, &url).await;
             }
         })
         .await
