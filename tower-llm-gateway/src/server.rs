@@ -338,11 +338,13 @@ pub struct ConnectionSlots {
 }
 
 impl ConnectionSlots {
-    /// Slots for at most `max_connections` open connections.
+    /// Slots for at most `max_connections` open connections (at most
+    /// [`Semaphore::MAX_PERMITS`]; the policy file allows far fewer).
     pub fn new(max_connections: usize) -> Self {
+        let max = max_connections.min(Semaphore::MAX_PERMITS);
         ConnectionSlots {
-            slots: Arc::new(Semaphore::new(max_connections)),
-            max: max_connections,
+            slots: Arc::new(Semaphore::new(max)),
+            max,
         }
     }
 }
