@@ -549,8 +549,10 @@ impl LinkConfig {
 /// An admission rule on request metadata: `admit = { header =
 /// "x-tenant-region", any_of = ["eu-west-1", "eu-central-1"] }` lets a
 /// request use the link only when its inbound header `header` is one of
-/// `any_of` (exactly; header names are case-insensitive). A request without
-/// the header, or without [`InboundHeaders`], is not admitted.
+/// `any_of` (exactly, byte for byte: a UTF-8 value such as `"zürich"` in
+/// the policy matches the same UTF-8 bytes in the header; header names are
+/// case-insensitive). A request without the header, or without
+/// [`InboundHeaders`], is not admitted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdmitRule {
@@ -567,8 +569,7 @@ impl AdmitRule {
         req.extensions
             .get::<InboundHeaders>()
             .and_then(|h| h.0.get(self.header.as_str()))
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| self.any_of.iter().any(|a| a == v))
+            .is_some_and(|v| self.any_of.iter().any(|a| a.as_bytes() == v.as_bytes()))
     }
 }
 
@@ -1618,18 +1619,21 @@ impl Policy {
 /// the unscoped space).
 pub const TENANT_HEADER: &str = "x-tenant-id";
 
-/// The idempotency tenant of a request: its inbound [`TENANT_HEADER`]
-/// (from its [`InboundHeaders`]), if present and printable.
-pub type TenantHeader = fn(&ChatRequest) -> Option<String>;
+/// The idempotency tenant of a request: the raw bytes of its inbound
+/// [`TENANT_HEADER`] (from its [`InboundHeaders`]), whatever they are
+/// (`café-lyon` in UTF-8, a Latin-1 byte): a tenant id is opaque, never
+/// dropped for not being ASCII.
+pub type TenantHeader = fn(&ChatRequest) -> Option<Vec<u8>>;
 
-fn tenant_header(req: &ChatRequest) -> Option<String> {
-    req.extensions
-        .get::<InboundHeaders>()?
-        .0
-        .get(TENANT_HEADER)?
-        .to_str()
-        .ok()
-        .map(str::to_owned)
+fn tenant_header(req: &ChatRequest) -> Option<Vec<u8>> {
+    Some(
+        req.extensions
+            .get::<InboundHeaders>()?
+            .0
+            .get(TENANT_HEADER)?
+            .as_bytes()
+            .to_vec(),
+    )
 }
 
 /// `svc`, whose degraded answers go only to requests `rule` admits; the

@@ -85,16 +85,23 @@ impl ChatStream {
 
     /// A stream replaying `chunks` stored from an earlier call (an
     /// idempotency layer's replay): it carries that call's `attempts` and
-    /// fallback position, and says it is a replay.
-    pub fn replayed(
+    /// fallback position, and says it is a replay. `chunks` is any
+    /// iterator of chunk results (an `Err` ends the replay with that
+    /// error), consumed one item at a time as the stream is polled, so a
+    /// store can decode its compact form lazily; a `Vec<ChatChunk>` is
+    /// `chunks.into_iter().map(Ok)`.
+    pub fn replayed<I>(
         provider: impl Into<Arc<str>>,
         model: impl Into<String>,
-        chunks: Vec<ChatChunk>,
+        chunks: I,
         fallback_position: u8,
         attempts: Vec<AttemptRecord>,
-    ) -> Self {
-        let mut stream =
-            ChatStream::from_chunks(provider, model, chunks.into_iter().map(Ok).collect());
+    ) -> Self
+    where
+        I: IntoIterator<Item = Result<ChatChunk, Failure>>,
+        I::IntoIter: Send + Unpin + 'static,
+    {
+        let mut stream = ChatStream::new(provider, model, Lazy(chunks.into_iter()));
         stream.fallback_position = fallback_position;
         stream.idempotent_replayed = true;
         stream.attempts = attempts;
@@ -339,6 +346,20 @@ impl fmt::Debug for ChatStream {
 
 /// A stream over a vector's items.
 struct Iter(std::vec::IntoIter<Result<ChatChunk, Failure>>);
+
+/// A stream of an iterator's items, taken one per poll.
+struct Lazy<I>(I);
+
+impl<I> Stream for Lazy<I>
+where
+    I: Iterator<Item = Result<ChatChunk, Failure>> + Unpin,
+{
+    type Item = Result<ChatChunk, Failure>;
+
+    fn poll_next(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Poll::Ready(self.0.next())
+    }
+}
 
 impl Stream for Iter {
     type Item = Result<ChatChunk, Failure>;

@@ -330,18 +330,22 @@ async fn chat(
         }
     };
     let mut req = req;
-    // `Idempotency-Key`: answered once (with `[idempotency]`), replayed
-    // after.
-    if let Some(value) = parts.headers.get("idempotency-key") {
-        let Ok(key) = value.to_str() else {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "the Idempotency-Key header is not printable ASCII",
-                "invalid_request_error",
-                Some("invalid_idempotency_key"),
-            );
-        };
-        tower_llm::IdempotencyKey::new(key).store(&mut req);
+    // In-flight calls keep the routes they started with.
+    let routes = gw.routes.load_full();
+    // `Idempotency-Key`: answered once, replayed after, with
+    // `[idempotency]`; without it the header is ignored, whatever it holds.
+    if routes.policy.idempotency.is_some() {
+        if let Some(value) = parts.headers.get("idempotency-key") {
+            let Ok(key) = value.to_str() else {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "the Idempotency-Key header is not printable ASCII",
+                    "invalid_request_error",
+                    Some("invalid_idempotency_key"),
+                );
+            };
+            tower_llm::IdempotencyKey::new(key).store(&mut req);
+        }
     }
     let parent = inbound_context(&parts.headers);
     // For the links' admission rules (`admit` in the policy file); moved,
@@ -350,8 +354,6 @@ async fn chat(
         .insert(tower_llm::config::InboundHeaders(parts.headers));
     let include_usage = req.stream && wants_usage(&body);
     drop(body);
-    // In-flight calls keep the routes they started with.
-    let routes = gw.routes.load_full();
     let Some(info) = routes.info.get(&*req.model).cloned() else {
         return unknown_route(&req.model);
     };

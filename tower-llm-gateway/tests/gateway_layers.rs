@@ -344,6 +344,67 @@ async fn idempotency_keys_are_scoped_by_the_tenant_header() {
     assert_eq!(h.primary.received().len(), 2);
 }
 
+/// Sends HELLO with raw header bytes (values a `&str` cannot hold).
+async fn send_raw(h: &Harness, body: &'static str, headers: &[(&str, &[u8])]) -> Answer {
+    let mut req = http::Request::post(format!("{}/v1/chat/completions", h.url))
+        .header("content-type", "application/json");
+    for (name, value) in headers {
+        req = req.header(
+            *name,
+            http::HeaderValue::from_bytes(value).expect("a header value"),
+        );
+    }
+    let req = req
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .expect("request");
+    let res = h.client.request(req).await.expect("an answer");
+    let status = res.status().as_u16();
+    let headers = res.headers().clone();
+    let body = res.into_body().collect().await.expect("body").to_bytes();
+    Answer {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotency_a_tenant_id_is_opaque_bytes_and_never_shares_the_unnamed_space() {
+    let h = start(Reply::openai_text("each"), down(), IDEMPOTENT).await;
+    let key: (&str, &[u8]) = ("idempotency-key", b"k1");
+    // UTF-8, Latin-1, ASCII and no tenant at all: four scopes.
+    let tenants: [&[(&str, &[u8])]; 4] = [
+        &[key, ("x-tenant-id", "café-lyon".as_bytes())],
+        &[key, ("x-tenant-id", b"caf\xe9-lyon")],
+        &[key, ("x-tenant-id", b"acme")],
+        &[key],
+    ];
+    for headers in tenants {
+        let a = send_raw(&h, HELLO, headers).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert!(a.headers.get("idempotent-replayed").is_none(), "{headers:?}");
+    }
+    assert_eq!(h.primary.received().len(), 4);
+    // Each tenant gets its own answer back.
+    for headers in tenants {
+        let a = send_raw(&h, HELLO, headers).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.header("idempotent-replayed"), "true", "{headers:?}");
+    }
+    assert_eq!(h.primary.received().len(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotency_off_the_key_header_is_ignored_whatever_it_holds() {
+    let h = start(Reply::openai_text("each"), down(), "").await;
+    for _ in 0..2 {
+        let a = send_raw(&h, HELLO, &[("idempotency-key", b"caf\xc3\xa9")]).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert!(a.headers.get("idempotent-replayed").is_none());
+    }
+    assert_eq!(h.primary.received().len(), 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn idempotency_a_duplicate_in_flight_is_409_with_reject() {
     let h = start(
@@ -415,6 +476,14 @@ async fn idempotency_a_stream_is_replayed_as_a_stream() {
     assert_eq!(streamed_text(&again.body), "Hello");
     assert!(again.body.ends_with("data: [DONE]\n\n"), "{}", again.body);
     assert_eq!(h.primary.received().len(), 1);
+    // The replay keeps the records of the call that produced it, as a
+    // unary replay does.
+    for name in ["x-llm-provider", "x-llm-model-used", "x-llm-attempts"] {
+        assert_eq!(again.header(name), first.header(name), "{name}");
+    }
+    assert_eq!(again.header("x-llm-provider"), "primary");
+    assert_eq!(again.header("x-llm-model-used"), "gpt-4o-mini");
+    assert_eq!(again.header("x-llm-attempts"), "1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

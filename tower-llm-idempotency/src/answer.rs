@@ -8,9 +8,11 @@ use std::time::Duration;
 use futures_core::Stream;
 use sha2::{Digest, Sha256};
 use tower_llm_core::{
-    AttemptLog, ChatChunk, ChatRequest, ChatResponse, ChatStream, ChunkStream, Failure, LlmRequest,
+    AttemptLog, AttemptRecord, ChatChunk, ChatRequest, ChatResponse, ChatStream, ChunkStream,
+    Failure, LlmRequest,
 };
 
+use crate::frames::{StreamFrames, StreamFramesBuilder};
 use crate::store::{Fingerprint, IdempotencyStore, Lease, Stored};
 
 /// A request the idempotency layer can fingerprint: what it asks, without
@@ -98,12 +100,14 @@ impl IdempotentAnswer for ChatStream {
         let provider: Arc<str> = Arc::from(self.provider());
         let model = self.model().to_owned();
         let fallback_position = self.fallback_position();
+        // The records as they are at the commit point: the call's owner
+        // takes the log when the stream starts, long before it ends.
+        let attempts = capture.records();
         self.map_chunks(move |inner| {
             Box::pin(Collect {
                 inner,
-                chunks: Vec::new(),
-                bytes: 0,
-                meta: Some((provider, model, fallback_position)),
+                frames: StreamFrames::builder(),
+                meta: Some((provider, model, fallback_position, attempts)),
                 capture: Some(capture),
             })
         })
@@ -120,7 +124,7 @@ impl IdempotentAnswer for ChatStream {
             } => Some(ChatStream::replayed(
                 provider.clone(),
                 model.clone(),
-                chunks.clone(),
+                chunks.iter(),
                 *fallback_position,
                 attempts.clone(),
             )),
@@ -129,12 +133,13 @@ impl IdempotentAnswer for ChatStream {
     }
 }
 
-/// A stream's chunks, collected as they pass to the caller.
+type StreamMeta = (Arc<str>, String, u8, Vec<AttemptRecord>);
+
+/// A stream's chunks, appended to one buffer as they pass to the caller.
 struct Collect {
     inner: ChunkStream,
-    chunks: Vec<ChatChunk>,
-    bytes: usize,
-    meta: Option<(Arc<str>, String, u8)>,
+    frames: StreamFramesBuilder,
+    meta: Option<StreamMeta>,
     capture: Option<Capture>,
 }
 
@@ -147,28 +152,26 @@ impl Stream for Collect {
         match &item {
             Some(Ok(chunk)) => {
                 if let Some(capture) = &this.capture {
-                    this.bytes = this.bytes.saturating_add(chunk_bytes(chunk));
-                    if this.bytes > capture.max_entry_bytes {
+                    this.frames.push(chunk);
+                    if this.frames.len_bytes() > capture.max_entry_bytes {
                         // Too big to keep: give the key up now.
                         this.capture = None;
-                        this.chunks = Vec::new();
-                    } else {
-                        this.chunks.push(chunk.clone());
+                        this.frames = StreamFrames::builder();
                     }
                 }
             }
             // A stream that ends with an error is never stored.
             Some(Err(_)) => this.capture = None,
             None => {
-                if let (Some(capture), Some((provider, model, fallback_position))) =
+                if let (Some(capture), Some((provider, model, fallback_position, attempts))) =
                     (this.capture.take(), this.meta.take())
                 {
-                    let attempts = capture.records();
+                    let frames = std::mem::take(&mut this.frames).finish();
                     capture.complete(Stored::Stream {
                         provider,
                         model,
                         fallback_position,
-                        chunks: std::mem::take(&mut this.chunks),
+                        chunks: frames,
                         attempts,
                     });
                 }
@@ -176,16 +179,6 @@ impl Stream for Collect {
         }
         Poll::Ready(item)
     }
-}
-
-/// A rough size of a chunk, for the per-answer bound while collecting.
-fn chunk_bytes(chunk: &ChatChunk) -> usize {
-    64 + chunk.text.as_ref().map_or(0, String::len)
-        + chunk.tool_call.as_ref().map_or(0, |t| {
-            32 + t.id.as_ref().map_or(0, String::len)
-                + t.name.as_ref().map_or(0, String::len)
-                + t.arguments.len()
-        })
 }
 
 /// The leader's hold on its key while its answer is produced: stores the
@@ -223,10 +216,7 @@ impl Capture {
     /// per-answer bound, in which case the key is given up).
     pub fn complete(mut self, stored: Stored) {
         self.done = true;
-        let bytes = match serde_json::to_vec(&stored) {
-            Ok(json) => json.len(),
-            Err(_) => usize::MAX,
-        };
+        let bytes = stored.held_bytes();
         if bytes > self.max_entry_bytes {
             self.store.release(self.key.clone(), self.lease);
             return;

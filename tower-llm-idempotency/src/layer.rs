@@ -131,10 +131,31 @@ impl fmt::Display for InvalidIdempotencyConfig {
 impl std::error::Error for InvalidIdempotencyConfig {}
 
 /// Scopes keys by tenant: two tenants with the same key never share an
-/// answer. Any `Fn(&Req) -> Option<String>` is one.
+/// answer.
+///
+/// A tenant is opaque bytes: two tenants are the same only when their
+/// bytes are, whatever their encoding (`café-lyon` in UTF-8, a Latin-1
+/// byte, anything a header can carry). Any `Fn(&Req) -> Option<T>` with
+/// `T: Into<Vec<u8>>` (a `String`, a `Vec<u8>`, a `&'static str`) is one.
+///
+/// ```
+/// use tower_llm_idempotency::TenantFn;
+///
+/// // The raw bytes of a header: never `to_str().ok()`, which would put
+/// // every tenant whose id is not ASCII in the unnamed tenant's space.
+/// let by_header = |req: &http::Request<()>| {
+///     req.headers().get("x-tenant-id").map(|v| v.as_bytes().to_vec())
+/// };
+/// let req = http::Request::builder()
+///     .header("x-tenant-id", http::HeaderValue::from_bytes(b"caf\xe9").unwrap())
+///     .body(())
+///     .unwrap();
+/// assert_eq!(by_header.tenant(&req), Some(b"caf\xe9".to_vec()));
+/// ```
 pub trait TenantFn<Req> {
-    /// The tenant of `req` (`None`: the shared, unnamed tenant).
-    fn tenant(&self, req: &Req) -> Option<String>;
+    /// The tenant of `req` as bytes (`None`: the shared, unnamed tenant,
+    /// which is never the same as any named one, the empty name included).
+    fn tenant(&self, req: &Req) -> Option<Vec<u8>>;
 }
 
 /// No tenants: one scope for every key.
@@ -142,14 +163,18 @@ pub trait TenantFn<Req> {
 pub struct NoTenant;
 
 impl<Req> TenantFn<Req> for NoTenant {
-    fn tenant(&self, _: &Req) -> Option<String> {
+    fn tenant(&self, _: &Req) -> Option<Vec<u8>> {
         None
     }
 }
 
-impl<Req, F: Fn(&Req) -> Option<String>> TenantFn<Req> for F {
-    fn tenant(&self, req: &Req) -> Option<String> {
-        self(req)
+impl<Req, F, T> TenantFn<Req> for F
+where
+    F: Fn(&Req) -> Option<T>,
+    T: Into<Vec<u8>>,
+{
+    fn tenant(&self, req: &Req) -> Option<Vec<u8>> {
+        self(req).map(Into::into)
     }
 }
 
@@ -290,13 +315,13 @@ fn key_of<Req: LlmRequest>(req: &Req) -> Option<(Result<&str, ()>, Option<Durati
 
 /// The store's key: SHA-256 over the tenant and the key, hex (fixed
 /// length, nothing the caller chose reaches the store as it is).
-fn scoped(tenant: Option<&str>, key: &str) -> Arc<str> {
+fn scoped(tenant: Option<&[u8]>, key: &str) -> Arc<str> {
     let mut hasher = Sha256::new();
     match tenant {
         Some(t) => {
             hasher.update([1]);
             hasher.update((t.len() as u64).to_be_bytes());
-            hasher.update(t.as_bytes());
+            hasher.update(t);
         }
         None => hasher.update([0]),
     }

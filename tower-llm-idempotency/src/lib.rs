@@ -88,11 +88,13 @@
 //! than fail them, and log it once.
 
 mod answer;
+mod frames;
 mod future;
 mod layer;
 mod store;
 
 pub use answer::{Capture, IdempotentAnswer, IdempotentRequest};
+pub use frames::{FramesIter, StreamFrames, StreamFramesBuilder};
 pub use future::ResponseFuture;
 pub use layer::{
     Concurrent, IDEMPOTENCY_KEY, Idempotency, IdempotencyConfig, IdempotencyLayer,

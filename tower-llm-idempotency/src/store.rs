@@ -17,7 +17,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tower_llm_core::{AttemptRecord, ChatChunk, ChatResponse};
+use tower_llm_core::{AttemptRecord, ChatResponse};
+
+use crate::StreamFrames;
 
 /// A boxed, sendable future (what a store's operations return).
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -36,11 +38,65 @@ pub enum Stored {
         model: String,
         /// The fallback position of the link that served it.
         fallback_position: u8,
-        /// Its chunks, in order.
-        chunks: Vec<ChatChunk>,
+        /// Its chunks, in order, kept compactly (serialized as a sequence
+        /// of chunks).
+        chunks: StreamFrames,
         /// The records of the call that produced it.
         attempts: Vec<AttemptRecord>,
     },
+}
+
+impl Stored {
+    /// What a store counts for this answer against its memory bound: close
+    /// to what it holds in memory. A stream is its frames' buffer (the
+    /// chunks' JSON, [`StreamFrames`]) plus its names and records; a unary
+    /// answer, its JSON size. Both plus the entry's fixed part
+    /// ([`Stored::ENTRY_OVERHEAD`]). Linear in the answer, no allocation.
+    pub fn held_bytes(&self) -> usize {
+        let variable = match self {
+            Stored::Response(res) => json_len(res),
+            Stored::Stream {
+                provider,
+                model,
+                chunks,
+                attempts,
+                ..
+            } => chunks
+                .len_bytes()
+                .saturating_add(provider.len())
+                .saturating_add(model.len())
+                .saturating_add(attempts.len().saturating_mul(RECORD_BYTES)),
+        };
+        variable.saturating_add(Self::ENTRY_OVERHEAD)
+    }
+
+    /// The fixed part of a stored entry counted by
+    /// [`held_bytes`](Self::held_bytes): the entry, its key and the
+    /// allocations' bookkeeping.
+    pub const ENTRY_OVERHEAD: usize = 256;
+}
+
+/// What an attempt record holds (its names are shared with the link).
+const RECORD_BYTES: usize = std::mem::size_of::<AttemptRecord>();
+
+/// The length of `value`'s JSON, counted without building it.
+fn json_len<T: Serialize>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        // Nothing serializable is never stored.
+        Err(_) => usize::MAX,
+    }
 }
 
 /// A request's fingerprint: SHA-256 of what it asks (model, messages,
