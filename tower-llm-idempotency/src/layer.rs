@@ -49,10 +49,15 @@ pub struct IdempotencyConfig {
     /// [`IdempotencyKey`] says otherwise. Default 24 h.
     pub ttl_ms: u64,
     /// The in-process store's bound, in bytes of stored answers (oldest
-    /// out first). Default 64 MiB.
+    /// out first), counted as [`Stored::held_bytes`](crate::Stored::held_bytes):
+    /// what the answers hold in memory, a stream's chunks as one compact
+    /// buffer ([`StreamFrames`](crate::StreamFrames)). The process's
+    /// resident memory grows by at most 2 × this (1.4 × measured with 96
+    /// stored streams of 10,000 tokens against 16 MiB; the rest is the
+    /// allocator's slack). Default 64 MiB.
     pub max_bytes: u64,
-    /// The largest answer kept, in bytes (serialized); a larger one is
-    /// returned but not stored. Default 1 MiB.
+    /// The largest answer kept, in bytes (as `max_bytes` counts them); a
+    /// larger one is returned but not stored. Default 1 MiB.
     pub max_entry_bytes: u64,
     /// Waiting for, or refusing, a concurrent duplicate. Default `wait`.
     pub concurrent: Concurrent,
