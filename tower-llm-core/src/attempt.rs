@@ -65,6 +65,10 @@ pub enum RetryStop {
     /// The provider's `Retry-After` is longer than the layer will wait
     /// (`max_retry_after`).
     RetryAfterTooLong,
+    /// The attempt ended by its own timeout and links follow this one: the
+    /// retry layer's `failover_on_timeout` sends the call to the next link
+    /// at once.
+    FailoverOnTimeout,
 }
 
 impl RetryStop {
@@ -76,6 +80,7 @@ impl RetryStop {
             RetryStop::BudgetExhausted => "budget_exhausted",
             RetryStop::PastDeadline => "past_deadline",
             RetryStop::RetryAfterTooLong => "retry_after_too_long",
+            RetryStop::FailoverOnTimeout => "failover_on_timeout",
         }
     }
 }

@@ -17,7 +17,8 @@ use tower_llm_providers::mock::{MockServer, Reply};
 mod binary_support;
 use binary_support::spawn;
 
-const STREAM: &str = r#"{"model": "smart", "stream": true, "messages": [{"role": "user", "content": "Hello"}]}"#;
+const STREAM: &str =
+    r#"{"model": "smart", "stream": true, "messages": [{"role": "user", "content": "Hello"}]}"#;
 const MAX_BYTES: u64 = 16 * 1024 * 1024;
 const TOKENS: usize = 10_000;
 const STREAMS: usize = 96;
@@ -65,7 +66,11 @@ fn rss(pid: u32) -> u64 {
 
 /// Streams one call (with `key`, if any) to its end; the count of
 /// content chunks the client saw.
-async fn stream(client: Client<HttpConnector, Full<Bytes>>, url: String, key: Option<String>) -> usize {
+async fn stream(
+    client: Client<HttpConnector, Full<Bytes>>,
+    url: String,
+    key: Option<String>,
+) -> usize {
     let mut req = http::Request::post(url).header("content-type", "application/json");
     if let Some(key) = key {
         req = req.header("idempotency-key", key);
@@ -76,7 +81,11 @@ async fn stream(client: Client<HttpConnector, Full<Bytes>>, url: String, key: Op
     let res = tokio::time::timeout(Duration::from_secs(120), async {
         let res = client.request(req).await.expect("an answer");
         assert_eq!(res.status(), 200);
-        res.into_body().collect().await.expect("the body").to_bytes()
+        res.into_body()
+            .collect()
+            .await
+            .expect("the body")
+            .to_bytes()
     })
     .await
     .expect("a stream within 120 s");
@@ -145,4 +154,3 @@ async fn stored_streams_hold_resident_memory_within_the_idempotency_bound() {
     assert_eq!(upstream.received().len(), calls, "a replay");
     let _ = std::fs::remove_file(file);
 }
-

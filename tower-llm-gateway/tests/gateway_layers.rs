@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower_llm::config::Policy;
-use tower_llm_providers::mock::Reply;
+use tower_llm_providers::mock::{MockServer, Reply};
 
 mod gateway_support;
 use gateway_support::*;
@@ -382,7 +382,10 @@ async fn idempotency_a_tenant_id_is_opaque_bytes_and_never_shares_the_unnamed_sp
     for headers in tenants {
         let a = send_raw(&h, HELLO, headers).await;
         assert_eq!(a.status, 200, "{}", a.body);
-        assert!(a.headers.get("idempotent-replayed").is_none(), "{headers:?}");
+        assert!(
+            a.headers.get("idempotent-replayed").is_none(),
+            "{headers:?}"
+        );
     }
     assert_eq!(h.primary.received().len(), 4);
     // Each tenant gets its own answer back.
@@ -527,4 +530,61 @@ async fn idempotency_shared_an_answer_through_one_gateway_is_replayed_by_the_oth
     let other = r#"{"model": "smart", "messages": [{"role": "user", "content": "Other"}]}"#;
     let refused = b.send("POST", "/v1/chat/completions", other, &key).await;
     assert_eq!(refused.status, 422, "{}", refused.body);
+}
+
+/// The usual two-link policy with a 20 s deadline and 2 s attempts, and
+/// `failover_on_timeout` as given.
+fn silent_primary_policy(failover: bool) -> impl FnOnce(&MockServer, &MockServer) -> String {
+    move |p, b| {
+        policy_text(p, b, "", FULL_CHAIN)
+            .replace("total_ms = 2000", "total_ms = 20000")
+            .replace(
+                "attempt_timeout_ms = 2000",
+                &format!("attempt_timeout_ms = 2000\n        failover_on_timeout = {failover}"),
+            )
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn failover_on_timeout_a_silent_primary_costs_one_attempt_timeout() {
+    let silent = Reply::openai_text("never").after(Duration::from_secs(3600));
+    let h = start_text(
+        silent,
+        Reply::anthropic_text("backup"),
+        silent_primary_policy(true),
+    )
+    .await;
+    let start = tokio::time::Instant::now();
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("x-llm-provider"), "backup");
+    assert_eq!(a.header("x-llm-attempts"), "2");
+    assert_eq!(h.primary.received().len(), 1);
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_millis(2_100),
+        "{took:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_failover_on_timeout_a_silent_primary_is_tried_three_times_first() {
+    let silent = Reply::openai_text("never").after(Duration::from_secs(3600));
+    let h = start_text(
+        silent,
+        Reply::anthropic_text("backup"),
+        silent_primary_policy(false),
+    )
+    .await;
+    let start = tokio::time::Instant::now();
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("x-llm-provider"), "backup");
+    assert_eq!(h.primary.received().len(), 3);
+    // Three 2 s attempts and two backoffs (100 and 200 ms).
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(6_300) && took < Duration::from_millis(6_400),
+        "{took:?}"
+    );
 }

@@ -112,6 +112,20 @@ impl<C: Clone> RetryLayer<C> {
         self.update(|s| s.min_attempt = min_attempt)
     }
 
+    /// With `true`, an attempt that ends by its own timeout (the attempt
+    /// timeout, or a stream's first-token timeout: a
+    /// [`Timeout`](tower_llm_core::FailureClass::Timeout) without an HTTP
+    /// status) is not retried on this link when links follow it in its
+    /// fallback chain ([`Link::has_alternates_after`](tower_llm_core::Link::has_alternates_after)):
+    /// the failure goes back at once, so the fallback tries the next link
+    /// (its record says [`RetryStop::FailoverOnTimeout`](tower_llm_core::RetryStop::FailoverOnTimeout)).
+    /// The last link, and a layer used without a fallback, still retry.
+    /// Default `false` (seed 002 retries a timeout on the same link).
+    #[must_use]
+    pub fn with_failover_on_timeout(self, failover: bool) -> Self {
+        self.update(|s| s.failover_on_timeout = failover)
+    }
+
     /// The backoff schedule (default [`Backoff::seed_default`]).
     #[must_use]
     pub fn with_backoff(self, backoff: Backoff) -> Self {

@@ -6,7 +6,8 @@ use std::time::Duration;
 use tokio::time::Sleep;
 use tower::retry::Policy;
 use tower_llm_core::{
-    Call, Classify, Failure, FailurePolicy, Link, LlmRequest, NextStep, Outcome, Replay, RetryStop,
+    Call, Classify, Failure, FailureClass, FailurePolicy, Link, LlmRequest, NextStep, Outcome,
+    Replay, RetryStop,
 };
 
 use crate::{Backoff, Budget, RandomSource, RetryBudget, SplitMix64};
@@ -27,6 +28,7 @@ pub(crate) struct Shared<C> {
     pub(crate) attempt_timeout: Duration,
     pub(crate) max_retry_after: Duration,
     pub(crate) min_attempt: Duration,
+    pub(crate) failover_on_timeout: bool,
     pub(crate) backoff: Backoff,
     pub(crate) budget: Arc<dyn Budget + Send + Sync>,
     pub(crate) rng: Arc<dyn RandomSource>,
@@ -42,6 +44,7 @@ impl<C: std::fmt::Debug> std::fmt::Debug for Shared<C> {
             .field("attempt_timeout", &self.attempt_timeout)
             .field("max_retry_after", &self.max_retry_after)
             .field("min_attempt", &self.min_attempt)
+            .field("failover_on_timeout", &self.failover_on_timeout)
             .field("backoff", &self.backoff)
             .field("rng", &self.rng)
             .field("link", &self.link)
@@ -58,6 +61,7 @@ impl<C> Shared<C> {
             attempt_timeout: Duration::from_secs(30),
             max_retry_after: Duration::from_secs(60),
             min_attempt: DEFAULT_MIN_ATTEMPT,
+            failover_on_timeout: false,
             backoff: Backoff::seed_default(),
             budget: Arc::new(RetryBudget::seed_default()),
             rng: Arc::new(SplitMix64::from_entropy()),
@@ -198,6 +202,15 @@ impl<C> RetryPolicy<C> {
         }
         if self.attempts >= shared.max_attempts {
             return self.stop(call, index, RetryStop::AttemptsExhausted);
+        }
+        if shared.failover_on_timeout
+            && failed.class == FailureClass::Timeout
+            && failed.http_status.is_none()
+            && call
+                .and_then(Call::link)
+                .is_some_and(Link::has_alternates_after)
+        {
+            return self.stop(call, index, RetryStop::FailoverOnTimeout);
         }
         // Retry-After is a floor under the schedule, never a shortcut: a
         // `Retry-After: 0` or a past date still waits out the backoff.

@@ -793,3 +793,77 @@ fn kept() -> http::Request<()> {
     req.extensions_mut().insert(tower_llm_core::KeepAttempts);
     req
 }
+
+/// A request going to a link that links follow (as the fallback layer
+/// marks it) or not.
+fn req_on_link(alternates_after: bool) -> ChatRequest {
+    let mut r = req();
+    Link::new("primary", "m")
+        .with_alternates_after(alternates_after)
+        .store(&mut r);
+    r
+}
+
+#[tokio::test(start_paused = true)]
+async fn failover_on_timeout_gives_a_timed_out_attempt_to_the_next_link_at_once() {
+    let mock = Mock::new(&[Step::Hang]);
+    let retry = RetryLayer::new()
+        .with_attempt_timeout(MS(2_000))
+        .with_failover_on_timeout(true);
+    let start = Instant::now();
+    let err = stack(&mock, retry)
+        .oneshot(req_on_link(true))
+        .await
+        .expect_err("timed out");
+    assert!(err.is_timeout(), "{err:?}");
+    assert_eq!(start.elapsed(), MS(2_000), "one attempt, no retry");
+    assert_eq!(mock.calls().len(), 1);
+    assert_eq!(err.attempts().len(), 1);
+    assert_eq!(
+        err.attempts()[0].retry_stop,
+        Some(RetryStop::FailoverOnTimeout)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn failover_on_timeout_still_retries_the_last_link_and_other_failures() {
+    // The last link (nothing follows): the timeout is retried, 3 attempts.
+    let mock = Mock::new(&[Step::Hang]);
+    let retry = || {
+        RetryLayer::new()
+            .with_attempt_timeout(MS(2_000))
+            .with_failover_on_timeout(true)
+            .with_rng(FixedFraction(0.5))
+    };
+    let err = stack(&mock, retry())
+        .oneshot(req_on_link(false))
+        .await
+        .expect_err("timed out");
+    assert!(err.is_timeout(), "{err:?}");
+    assert_eq!(mock.calls().len(), 3);
+    assert_eq!(
+        err.attempts()[2].retry_stop,
+        Some(RetryStop::AttemptsExhausted)
+    );
+    // A 408 from the provider is its answer, not our timeout: retried.
+    let mock = Mock::new(&[fail(FailureClass::Timeout, 408), Step::Ok]);
+    stack(&mock, retry())
+        .oneshot(req_on_link(true))
+        .await
+        .expect("retried after the 408");
+    assert_eq!(mock.calls().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_failover_on_timeout_a_timeout_is_retried_on_the_same_link() {
+    let mock = Mock::new(&[Step::Hang]);
+    let retry = RetryLayer::new()
+        .with_attempt_timeout(MS(2_000))
+        .with_rng(FixedFraction(0.5));
+    let err = stack(&mock, retry)
+        .oneshot(req_on_link(true))
+        .await
+        .expect_err("timed out");
+    assert!(err.is_timeout(), "{err:?}");
+    assert_eq!(mock.calls().len(), 3);
+}
