@@ -212,7 +212,8 @@ async fn run(args: Args) -> Result<(), Error> {
     println!(
         "  curl -si http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"smart\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'"
     );
-    println!("  curl -s http://{addr}/health/circuits    curl -s http://{addr}/metrics");
+    println!("  curl -s http://{addr}/v1/models    curl -s http://{addr}/health/circuits");
+    println!("  curl -s http://{addr}/metrics");
     // Calls in flight at shutdown get the running policy's whole budget:
     // their body's read time and their deadline.
     let running = gateway.clone();
