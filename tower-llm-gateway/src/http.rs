@@ -1,5 +1,6 @@
 //! The gateway's HTTP application: the OpenAI-compatible chat endpoint,
-//! server-sent events, and the metrics and health endpoints.
+//! server-sent events, the model list, and the metrics and health
+//! endpoints.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -44,6 +45,8 @@ impl Gateway {
     pub fn router(self: Arc<Self>) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(chat))
+            .route("/v1/models", get(models))
+            .route("/v1/models/{*id}", get(model))
             .route("/metrics", get(metrics))
             .route(
                 "/health",
@@ -473,6 +476,8 @@ fn is_length_limit(e: &axum::Error) -> bool {
     false
 }
 
+/// 404 in OpenAI's error shape (`model_not_found`): no route is named
+/// `alias`.
 fn unknown_route(alias: &str) -> Response {
     error(
         StatusCode::NOT_FOUND,
@@ -605,6 +610,57 @@ impl futures_core::Stream for Delivered {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
         self.rx.poll_recv(cx).map(|frame| frame.map(Ok))
+    }
+}
+
+/// One entry of `GET /v1/models`: a route alias as an OpenAI model object.
+fn model_object(id: &str) -> serde_json::Value {
+    serde_json::json!({
+        "id": id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "tower-llm",
+    })
+}
+
+/// `GET /v1/models`: the running policy's route aliases (the `[[routes]]`
+/// `model` names, which a reload changes), sorted by id, in OpenAI's list
+/// shape.
+async fn models(State(gw): State<Arc<Gateway>>) -> Response {
+    let routes = gw.routes.load();
+    let mut ids: Vec<&str> = routes
+        .policy
+        .routes
+        .iter()
+        .map(|r| r.model.as_str())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let data: Vec<serde_json::Value> = ids.into_iter().map(model_object).collect();
+    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/models/{id}`: the route alias `id` as an OpenAI model object,
+/// or 404 (`model_not_found`) when the running policy has no such route.
+/// The id may contain `/`.
+async fn model(
+    State(gw): State<Arc<Gateway>>,
+    id: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
+) -> Response {
+    // A path that does not decode (not UTF-8) names no route either.
+    let Ok(axum::extract::Path(id)) = id else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "no route for this model",
+            "invalid_request_error",
+            Some("model_not_found"),
+        );
+    };
+    let routes = gw.routes.load();
+    if routes.policy.routes.iter().any(|r| r.model == id) {
+        axum::Json(model_object(&id)).into_response()
+    } else {
+        unknown_route(&id)
     }
 }
 

@@ -33,13 +33,17 @@
 //! # }
 //! ```
 //!
-//! Endpoints: `POST /v1/chat/completions`, `GET /metrics`, `GET /health`,
+//! Endpoints: `POST /v1/chat/completions`, `GET /v1/models` and
+//! `GET /v1/models/{id}` (the running policy's route aliases as OpenAI
+//! model objects, sorted by id; a reload changes the list; an unknown id
+//! is 404 `model_not_found`), `GET /metrics`, `GET /health`,
 //! `GET /health/circuits` (and `POST` for manual control, behind
-//! [`Gateway::set_admin_token`]), `GET /health/providers`. The binary adds
-//! the file watcher ([`reload_on_change`]), the probe loop
-//! ([`probe_loop`]), the admin token from `TOWER_LLM_GATEWAY_ADMIN_TOKEN`
-//! and graceful shutdown; without `--config` it serves
-//! [`demo::embedded`].
+//! [`Gateway::set_admin_token`]), `GET /health/providers`, `GET /status`.
+//! The binary adds the flags `--config`, `--listen` and `--workers` (or
+//! `TOWER_LLM_GATEWAY_CONFIG`, `_LISTEN`, `_WORKERS`), the file watcher
+//! ([`reload_on_change`]), the probe loop ([`probe_loop`]), the admin
+//! token from `TOWER_LLM_GATEWAY_ADMIN_TOKEN` and graceful shutdown;
+//! without `--config` it serves [`demo::embedded`].
 //!
 //! # Feature flags
 //!

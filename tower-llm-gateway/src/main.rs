@@ -4,7 +4,15 @@
 //! ```text
 //! cargo run --release -p tower-llm-gateway                   # the demo, no keys
 //! tower-llm-gateway --config gateway.toml --listen 127.0.0.1:8080 [--workers N]
+//! tower-llm-gateway --help | --version
 //! ```
+//!
+//! Each flag falls back to an environment variable:
+//! `TOWER_LLM_GATEWAY_CONFIG`, `TOWER_LLM_GATEWAY_LISTEN`,
+//! `TOWER_LLM_GATEWAY_WORKERS` (a flag given wins). `--help` and
+//! `--version` print to stdout and exit 0; a usage error (an unknown flag,
+//! `--workers 0`) is printed to stderr with exit code 2; a failure to
+//! start (an unreadable or invalid policy, an address in use) exits 1.
 //!
 //! Without `--config` it starts two in-process mock providers (a flaky
 //! OpenAI-format primary that answers 503 to every third call, and a
@@ -13,6 +21,9 @@
 //! - `POST /v1/chat/completions` (OpenAI format; `model` is the route;
 //!   `stream: true` answers server-sent events), with `x-llm-provider`,
 //!   `x-llm-model-used` and `x-llm-attempts` headers.
+//! - `GET /v1/models` (the running policy's route aliases, sorted, in
+//!   OpenAI's list shape) and `GET /v1/models/{id}` (one, or 404
+//!   `model_not_found`).
 //! - `GET /metrics`, `GET /health`, `GET /health/circuits`,
 //!   `GET /health/providers`; probes follow `[health]` of the running
 //!   policy.
@@ -48,47 +59,65 @@ use tracing_subscriber::util::SubscriberInitExt;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// An OpenAI-compatible LLM gateway on the tower-llm stack: routes model
+/// aliases to provider fallback chains with deadlines, retries, circuit
+/// breakers and hedging, and reloads its policy file on change.
+///
+/// Without --config it runs the embedded demo: two in-process mock
+/// providers behind the route "smart" (no keys needed).
+#[derive(Debug, clap::Parser)]
+#[command(name = "tower-llm-gateway", version, after_help = AFTER_HELP)]
 struct Args {
+    /// The policy file (TOML) to serve; reloaded on SIGHUP and when it
+    /// changes. Without it: the embedded demo with mock providers.
+    #[arg(long, value_name = "PATH", env = "TOWER_LLM_GATEWAY_CONFIG")]
     config: Option<PathBuf>,
+    /// The address to listen on (port 0: any free port). Default: the
+    /// policy's `listen`, else 127.0.0.1:8080.
+    #[arg(long, value_name = "HOST:PORT", env = "TOWER_LLM_GATEWAY_LISTEN")]
     listen: Option<String>,
+    /// Worker threads, each with its own runtime and listener on the
+    /// shared port (at least 1). Default: one per core.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "TOWER_LLM_GATEWAY_WORKERS",
+        value_parser = workers,
+        allow_negative_numbers = true
+    )]
     workers: Option<usize>,
 }
 
-const USAGE: &str =
-    "usage: tower-llm-gateway [--config PATH.toml] [--listen HOST:PORT] [--workers N]";
+/// The end of `--help`: what is read from the environment besides the
+/// flags' fallbacks, and the endpoints.
+const AFTER_HELP: &str = "\
+Environment:
+  TOWER_LLM_GATEWAY_ADMIN_TOKEN  Bearer token for POST /health/circuits (force a
+                                 circuit open, close, reset, probe); unset: the
+                                 circuits are read-only.
+  Each provider's key is read from the variable its `api_key_env` names.
 
-fn args() -> Result<Args, String> {
-    let mut args = Args {
-        config: None,
-        listen: None,
-        workers: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--config" => args.config = Some(it.next().ok_or("--config needs a path")?.into()),
-            "--listen" => args.listen = Some(it.next().ok_or("--listen needs host:port")?),
-            "--workers" => {
-                let n = it.next().ok_or("--workers needs a number")?;
-                match n.parse::<usize>() {
-                    Ok(n) if n > 0 => args.workers = Some(n),
-                    _ => return Err(format!("--workers needs a number above 0, not {n:?}")),
-                }
-            }
-            "-h" | "--help" => return Err(USAGE.into()),
-            other => return Err(format!("unknown argument {other:?} (try --help)")),
-        }
+Endpoints: POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id},
+GET /metrics, GET /health, GET /health/circuits, GET /health/providers,
+GET /status.";
+
+/// `--workers`: a whole number of at least 1 (clap names the flag and the
+/// value in its error).
+fn workers(n: &str) -> Result<usize, String> {
+    match n.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a number above 0".to_owned()),
     }
-    Ok(args)
 }
 
 fn main() {
-    let started = args().map_err(Into::into).and_then(|args| {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        runtime.block_on(run(args))
-    });
+    // Help and version: stdout, exit 0; a usage error: stderr, exit 2.
+    let args = <Args as clap::Parser>::parse();
+    let started = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Into::into)
+        .and_then(|runtime| runtime.block_on(run(args)));
     if let Err(e) = started {
         eprintln!("tower-llm-gateway: {e}");
         std::process::exit(1);
@@ -183,7 +212,8 @@ async fn run(args: Args) -> Result<(), Error> {
     println!(
         "  curl -si http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"smart\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'"
     );
-    println!("  curl -s http://{addr}/health/circuits    curl -s http://{addr}/metrics");
+    println!("  curl -s http://{addr}/v1/models    curl -s http://{addr}/health/circuits");
+    println!("  curl -s http://{addr}/metrics");
     // Calls in flight at shutdown get the running policy's whole budget:
     // their body's read time and their deadline.
     let running = gateway.clone();

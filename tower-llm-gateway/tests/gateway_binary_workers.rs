@@ -145,10 +145,12 @@ async fn workers_must_be_a_number_above_zero() {
             .output()
             .await
             .expect("the binary runs");
-        assert_eq!(out.status.code(), Some(1), "{bad}");
+        // A usage error: clap's exit code 2 (1 is a failure to start).
+        assert_eq!(out.status.code(), Some(2), "{bad}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
-            err.contains("--workers needs a number above 0"),
+            err.contains(&format!("invalid value '{bad}' for '--workers <N>'"))
+                && err.contains("expected a number above 0"),
             "{bad}: {err}"
         );
     }

@@ -148,8 +148,10 @@ async fn rendering_cost_is_reported() {
 
 /// The page in a real headless Chromium during the outage: the DOM shows
 /// the open circuit, and a screenshot is saved as a test artifact
-/// (`target/status.png`). Skipped with a message where Chromium is not
-/// installed, unless `CI` is set (`.ci/run` installs it).
+/// (`status.png` in cargo's `CARGO_TARGET_TMPDIR`, inside whichever target
+/// directory the build uses; its path is printed). Skipped with a message
+/// where Chromium is not installed, unless `CI` is set (`.ci/run` installs
+/// it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_browser_renders_the_open_circuit() {
     let browser = ["chromium", "chromium-browser"].into_iter().find(|b| {
@@ -169,7 +171,7 @@ async fn a_real_browser_renders_the_open_circuit() {
     let h = outage().await;
     let url = format!("{}/status", h.url);
     let profile = std::env::temp_dir().join(format!("status-chromium-{}", std::process::id()));
-    let shot = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/status.png");
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("status.png");
     let flags = [
         "--headless",
         "--no-sandbox",
@@ -210,5 +212,6 @@ async fn a_real_browser_renders_the_open_circuit() {
     );
     let png = std::fs::read(&shot).expect("a screenshot");
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    eprintln!("screenshot of /status: {}", shot.display());
     let _ = std::fs::remove_dir_all(&profile);
 }

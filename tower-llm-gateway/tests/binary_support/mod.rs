@@ -22,12 +22,20 @@ pub(crate) struct Binary {
 /// `args`, `UPSTREAM_KEY` set, and waits (10 s at most) for the address it
 /// prints.
 pub(crate) async fn spawn(config: &std::path::Path, args: &[&str]) -> Binary {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-llm-gateway"))
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-llm-gateway"));
+    command
         .arg("--config")
         .arg(config)
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
-        .env("UPSTREAM_KEY", "sk-test-key")
+        .env("UPSTREAM_KEY", "sk-test-key");
+    start(command).await
+}
+
+/// Starts `command` (the binary with its arguments and environment) and
+/// waits (10 s at most) for the address it prints.
+pub(crate) async fn start(mut command: tokio::process::Command) -> Binary {
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
