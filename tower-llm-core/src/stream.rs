@@ -34,10 +34,11 @@ pub type ChunkStream = Pin<Box<dyn Stream<Item = Result<ChatChunk, Failure>> + S
 /// # Items
 ///
 /// `Ok` chunks in the provider's order, then either the end of the stream
-/// (the provider sent its terminator) or **one** `Err` carrying the failure
-/// class (a mid-stream error event, a connection that broke off, a stall
-/// longer than the idle timeout, the call's deadline, a stream that ended
-/// without its terminator), after which the stream ends. Failures after
+/// (the provider sent its terminator, or its body ended cleanly after the
+/// finish reason) or **one** `Err` carrying the failure class (a
+/// mid-stream error event, a connection that broke off, a stall longer
+/// than the idle timeout, the call's deadline, a stream whose body ended
+/// before its finish reason), after which the stream ends. Failures after
 /// the commit point are never seen by the breaker.
 ///
 /// Dropping a `ChatStream` drops the upstream response body, which closes

@@ -354,3 +354,61 @@ async fn a_bulkhead_holds_across_a_reload_of_the_same_limit() {
     );
     assert_eq!(h.primary.received().len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_stream_with_a_finish_reason_but_no_done_ends_cleanly_with_its_usage() {
+    use tower_llm_providers::mock::{anthropic_stream_steps, openai_stream_steps};
+    // The primary (OpenAI) sends every chunk, the stop chunk and the usage
+    // chunk, then ends its body without `data: [DONE]`.
+    let mut steps = openai_stream_steps(&["Hel", "lo"], true);
+    assert_eq!(
+        steps.pop(),
+        Some(tower_llm_providers::mock::Step::sse(None, "[DONE]"))
+    );
+    let h = start(Reply::sse_steps(steps), Reply::anthropic_text("unused"), "").await;
+    let with_usage = r#"{"model": "smart", "stream": true, "stream_options": {"include_usage": true},
+        "messages": [{"role": "user", "content": "Hello"}]}"#;
+    let a = h.chat(with_usage).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("x-llm-provider"), "primary");
+    let check = |body: &str| {
+        assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+        assert!(!body.contains("\"error\""), "no error event: {body}");
+        let chunks: Vec<serde_json::Value> = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter(|l| *l != "[DONE]")
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect();
+        let text: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(text, "Hello");
+        assert!(
+            chunks
+                .iter()
+                .any(|c| c["choices"][0]["finish_reason"] == "stop")
+        );
+        let last = chunks.last().expect("chunks");
+        assert_eq!(last["choices"], serde_json::json!([]));
+        assert_eq!(last["usage"]["prompt_tokens"], 10);
+        assert_eq!(last["usage"]["completion_tokens"], 2);
+    };
+    check(&a.body);
+    assert_eq!(h.primary.received().len(), 1, "not retried");
+    assert_eq!(h.backup.received().len(), 0, "not failed over");
+
+    // The backup (Anthropic) sends message_delta with its stop reason, then
+    // ends its body without message_stop.
+    let mut steps = anthropic_stream_steps(&["Hel", "lo"], true);
+    steps.pop();
+    h.backup.push(Reply::sse_steps(steps));
+    for _ in 0..3 {
+        h.primary.push(down());
+    }
+    let b = h.chat(with_usage).await;
+    assert_eq!(b.status, 200, "{}", b.body);
+    assert_eq!(b.header("x-llm-provider"), "backup");
+    check(&b.body);
+}

@@ -77,7 +77,11 @@
 //! [`ChatStream`](tower_llm_core::ChatStream) at the stream's commit point,
 //! the first content frame: failures before it are the call's `Err` (so
 //! retry, breaker and fallback handle them), failures after it end the
-//! stream with one terminal `Err` item. See [`streaming`] for the full
+//! stream with one terminal `Err` item. A stream is complete at its
+//! terminator (`[DONE]`, `message_stop`, Bedrock's `metadata`), or when
+//! its body ends cleanly after the finish reason (of every choice that
+//! started) without one; a body that ends before the finish reason is
+//! truncated, a transient failure. See [`streaming`] for the full
 //! contract and [`stream`] for the incremental parsers underneath (SSE and
 //! the OpenAI and Anthropic event decoders; Bedrock's event-stream framing
 //! is decoded with `aws-smithy-eventstream`).

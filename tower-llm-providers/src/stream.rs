@@ -111,6 +111,14 @@ impl SseParser {
         Ok(())
     }
 
+    /// `true` when no part of an event is buffered: the bytes so far end
+    /// exactly at an event's end (or hold only comments and blank lines).
+    /// A body that ends here ends cleanly; one that ends elsewhere was cut
+    /// in the middle of an event.
+    pub(crate) fn is_between_events(&self) -> bool {
+        self.line.is_empty() && !self.has_data && self.event.is_none()
+    }
+
     fn end_line(&mut self) -> Result<Option<SseEvent>, Failure> {
         if self.line.is_empty() {
             // Dispatch.

@@ -28,12 +28,42 @@
 //! After the commit point nothing retries: a mid-stream error event, a
 //! connection that breaks off, a stall longer than the idle timeout, the
 //! call's deadline (it bounds the whole stream, checked before each chunk
-//! is handed on), or a stream that ends without its terminator (`[DONE]`,
-//! `message_stop`, Bedrock's `messageStop`, followed by `metadata` or the
-//! body's end) ends the [`ChatStream`] with one
-//! terminal `Err` item carrying the failure class. The breaker counts only
-//! failures before the commit point (its call future resolved `Ok` at the
-//! commit).
+//! is handed on), or a truncated stream (see below) ends the
+//! [`ChatStream`] with one terminal `Err` item carrying the failure class.
+//! The breaker counts only failures before the commit point (its call
+//! future resolved `Ok` at the commit).
+//!
+//! # Complete or truncated: the end of a stream
+//!
+//! A stream is complete, and its [`ChatStream`] ends with no error, when
+//!
+//! - its terminator comes: OpenAI's `data: [DONE]`, Anthropic's
+//!   `message_stop`, Bedrock's `metadata` event after `messageStop`; or
+//! - its body ends cleanly without the terminator after the finish reason:
+//!   OpenAI, a `finish_reason` for **every choice that started** (a choice
+//!   starts with its first chunk that is not usage-only; `n > 1` streams
+//!   are tracked per choice index); Anthropic, a `message_delta` with a
+//!   `stop_reason`; Bedrock, a `messageStop` with its `stopReason`.
+//!   Every chunk that came is handed on, the usage chunk after the finish
+//!   reason included.
+//!
+//! A clean end of the body is the end the HTTP framing declares (the last
+//! chunk of a chunked body, or its `Content-Length` reached), with no
+//! partial event left over: the finish reason alone does not prove the
+//! answer complete, since the usage may still follow it.
+//!
+//! A stream is truncated, and ends with a terminal `Err` of class
+//! [`Transient`](FailureClass::Transient) ("the stream ended without its
+//! terminator"), when its body ends cleanly before that finish reason
+//! (for OpenAI, while a started choice has none), or in the middle of an
+//! event. A body that breaks off (a connection reset, a chunked body
+//! without its last chunk) is a transient failure ("the stream broke
+//! off") even after the finish reason: the usage, or a part of the
+//! answer, may be lost.
+//!
+//! The official SDKs read a stream to the end of its body and accept it
+//! without the terminator; the finish reason asked for here in addition
+//! keeps a stream cut between two events an error.
 //!
 //! The stream ends at the terminator: the consumer never waits on the rest
 //! of the body. What is left of it (an upstream that sends its terminator
@@ -241,8 +271,9 @@ pub(crate) trait Wire: Send + 'static {
     /// Feeds the next bytes; decoded items (or one failure) go to `out`.
     fn feed(&mut self, bytes: &[u8], out: &mut VecDeque<Result<StreamItem, Failure>>);
 
-    /// At the end of the body: `true` when the stream ended properly (for
-    /// a wire whose terminator is the end itself).
+    /// At a clean end of the body, when no terminator came: `true` when
+    /// the stream is complete anyway (the finish reason came and no event
+    /// is cut), `false` when it was truncated.
     fn ended_cleanly(&mut self) -> bool {
         false
     }
@@ -254,6 +285,8 @@ pub(crate) struct SseWire {
     parser: SseParser,
     decode: fn(&SseEvent, &Scrub) -> Result<StreamItem, Failure>,
     failed: bool,
+    /// The choices seen so far, and which of them sent a finish reason.
+    finishes: Finishes,
     /// The secrets sent, removed from in-band error messages that echo
     /// them (before the message is bounded).
     scrub: Scrub,
@@ -268,6 +301,7 @@ impl SseWire {
             parser: SseParser::new(),
             decode,
             failed: false,
+            finishes: Finishes::default(),
             scrub,
         }
     }
@@ -281,15 +315,24 @@ impl Wire for SseWire {
         let decode = self.decode;
         let mut failed = false;
         let scrub = &self.scrub;
+        let finishes = &mut self.finishes;
         let parsed = self.parser.push_with(bytes, |event| {
             if failed {
                 return;
             }
             match decode(&event, scrub) {
                 Ok(StreamItem::Chunks(chunks)) => {
+                    for c in &chunks {
+                        finishes.note(c);
+                    }
                     out.extend(chunks.into_iter().map(|c| Ok(StreamItem::Chunk(c))));
                 }
-                Ok(item) => out.push_back(Ok(item)),
+                Ok(item) => {
+                    if let StreamItem::Chunk(c) = &item {
+                        finishes.note(c);
+                    }
+                    out.push_back(Ok(item));
+                }
                 Err(f) => {
                     failed = true;
                     out.push_back(Err(f));
@@ -301,6 +344,53 @@ impl Wire for SseWire {
             failed = true;
         }
         self.failed = failed;
+    }
+
+    fn ended_cleanly(&mut self) -> bool {
+        // No terminator (`[DONE]`, `message_stop`) came, but the body
+        // ended at an event's end after every choice that started sent
+        // its finish reason: the answer is complete.
+        !self.failed && self.parser.is_between_events() && self.finishes.all_finished()
+    }
+}
+
+/// Which choices of a stream have started, and which of them have sent
+/// their finish reason: the proof that a stream whose body ends cleanly
+/// without its terminator is complete.
+#[derive(Debug, Default)]
+struct Finishes {
+    /// Choice index → finished.
+    choices: std::collections::BTreeMap<u32, bool>,
+    /// How many started choices have no finish reason yet.
+    open: usize,
+}
+
+impl Finishes {
+    /// Notes a decoded chunk: any chunk but a usage-only one (a choice
+    /// index of 0 by default) starts its choice; a finish reason ends it.
+    fn note(&mut self, chunk: &ChatChunk) {
+        let finished = chunk.finish_reason.is_some();
+        if !finished && chunk.text.is_none() && chunk.tool_call.is_none() {
+            return;
+        }
+        match self.choices.entry(chunk.index) {
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(finished);
+                self.open += usize::from(!finished);
+            }
+            std::collections::btree_map::Entry::Occupied(mut o) => {
+                if finished && !*o.get() {
+                    o.insert(true);
+                    self.open -= 1;
+                }
+            }
+        }
+    }
+
+    /// `true` when at least one choice started and every one that did has
+    /// sent its finish reason.
+    fn all_finished(&self) -> bool {
+        !self.choices.is_empty() && self.open == 0
     }
 }
 

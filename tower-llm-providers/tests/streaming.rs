@@ -12,8 +12,9 @@ use tower::ServiceExt;
 use tower_llm_core::{
     ChatChunk, ChatRequest, ChatStream, Deadline, Failure, FailureClass, FinishReason, Message,
 };
+use tower_llm_providers::https::{HttpsClient, client_with_connect_timeout};
 use tower_llm_providers::mock::{
-    Reply, ScriptedTransport, Step, anthropic_stream_steps, bedrock_stream_steps,
+    MockServer, Reply, ScriptedTransport, Step, anthropic_stream_steps, bedrock_stream_steps,
     openai_stream_steps,
 };
 use tower_llm_providers::{AwsCredentials, Bedrock, BedrockConfig};
@@ -581,4 +582,305 @@ async fn a_complete_stream_is_not_an_aborted_one_and_a_bom_is_skipped() {
     assert!(end.is_none());
     assert_eq!(text(&chunks), "a");
     assert_eq!(t.aborted_streams(), 0, "read to its end after [DONE]");
+}
+
+// The end of a stream without its terminator, over real loopback HTTP: a
+// finish reason (for every choice that started) followed by a clean end of
+// the body proves the answer complete; a body that ends before it is
+// truncated.
+
+/// A provider streaming from `server` over a real HTTP client.
+fn loopback_openai(
+    server: &MockServer,
+) -> tower_llm_providers::Streaming<tower_llm_providers::OpenAi<HttpsClient>> {
+    tower_llm_providers::OpenAi::new(
+        client_with_connect_timeout(Duration::from_secs(5)),
+        tower_llm_providers::OpenAiConfig::new(tower_llm_providers::ApiKey::new("k"))
+            .with_base_url(&format!("{}/v1", server.url())),
+    )
+    .streaming()
+}
+
+fn loopback_anthropic(
+    server: &MockServer,
+) -> tower_llm_providers::Streaming<tower_llm_providers::Anthropic<HttpsClient>> {
+    tower_llm_providers::Anthropic::new(
+        client_with_connect_timeout(Duration::from_secs(5)),
+        tower_llm_providers::AnthropicConfig::new(tower_llm_providers::ApiKey::new("k"))
+            .with_base_url(&server.url()),
+    )
+    .streaming()
+}
+
+/// `steps` without their last one (the terminator).
+fn without_terminator(mut steps: Vec<Step>) -> Vec<Step> {
+    steps.pop().expect("a terminator");
+    steps
+}
+
+fn usage_of(chunks: &[ChatChunk]) -> Vec<(u32, u32)> {
+    chunks
+        .iter()
+        .filter_map(|c| c.usage.map(|u| (u.prompt_tokens, u.completion_tokens)))
+        .collect()
+}
+
+/// An OpenAI chunk of choice `index`.
+fn openai_choice(index: u32, delta: serde_json::Value, finish: Option<&str>) -> Step {
+    let chunk = serde_json::json!({
+        "id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 0, "model": "m",
+        "choices": [{"index": index, "delta": delta, "finish_reason": finish}]
+    });
+    Step::sse(None, &chunk.to_string())
+}
+
+#[tokio::test(start_paused = true)]
+async fn openai_finish_reason_and_usage_then_a_clean_end_without_done_is_complete() {
+    // Role chunk, "Hel", "lo", stop chunk, usage chunk; no `data: [DONE]`.
+    let steps = without_terminator(openai_stream_steps(&["Hel", "lo"], true));
+    assert!(!format!("{steps:?}").contains("[DONE]"));
+    let server = MockServer::start(Reply::sse_steps(steps))
+        .await
+        .expect("server");
+    let stream = loopback_openai(&server)
+        .oneshot(req())
+        .await
+        .expect("commits");
+    let (chunks, end) = drain(stream).await;
+    assert!(end.is_none(), "a clean end, not {end:?}");
+    assert_eq!(text(&chunks), "Hello");
+    assert_eq!(
+        chunks
+            .iter()
+            .filter_map(|c| c.finish_reason)
+            .collect::<Vec<_>>(),
+        [FinishReason::Stop]
+    );
+    assert_eq!(usage_of(&chunks), [(10, 2)], "the usage chunk is kept");
+    assert_eq!(server.aborted_streams(), 0, "the body was read to its end");
+
+    // The same without the usage chunk: complete too.
+    let mut steps = without_terminator(openai_stream_steps(&["Hel", "lo"], true));
+    steps.pop(); // the usage chunk
+    let server = MockServer::start(Reply::sse_steps(steps))
+        .await
+        .expect("server");
+    let answer = loopback_openai(&server)
+        .oneshot(req())
+        .await
+        .expect("commits")
+        .collect_response()
+        .await
+        .expect("complete");
+    assert_eq!(answer.text(), "Hello");
+    assert_eq!(answer.finish_reason(), Some(FinishReason::Stop));
+}
+
+#[tokio::test(start_paused = true)]
+async fn openai_body_ending_before_any_finish_reason_is_a_truncation_error() {
+    // Role chunk and "Hel", then the body ends cleanly: truncated.
+    let server = MockServer::start(Reply::sse_steps(openai_stream_steps(&["Hel"], false)))
+        .await
+        .expect("server");
+    let stream = loopback_openai(&server)
+        .oneshot(req())
+        .await
+        .expect("commits");
+    let (chunks, end) = drain(stream).await;
+    assert_eq!(text(&chunks), "Hel");
+    let end = end.expect("a terminal error");
+    assert_eq!(end.class(), FailureClass::Transient);
+    assert_eq!(end.provider(), Some("openai"));
+    assert_eq!(
+        end.message(),
+        Some("the stream ended without its terminator")
+    );
+
+    // A finish reason, then the body ends in the middle of the next
+    // event (a cut usage chunk): not a clean end, still truncated.
+    let mut steps = without_terminator(openai_stream_steps(&["Hel", "lo"], true));
+    steps.pop(); // the usage chunk
+    steps.push(Step::Send(Bytes::from_static(
+        b"data: {\"id\":\"chatcmpl-mock\",\"choices\":[],\"usage\":{\"prompt_tok",
+    )));
+    let server = MockServer::start(Reply::sse_steps(steps))
+        .await
+        .expect("server");
+    let (chunks, end) = drain(
+        loopback_openai(&server)
+            .oneshot(req())
+            .await
+            .expect("commits"),
+    )
+    .await;
+    assert_eq!(text(&chunks), "Hello");
+    let end = end.expect("a terminal error");
+    assert_eq!(end.class(), FailureClass::Transient);
+    assert_eq!(
+        end.message(),
+        Some("the stream ended without its terminator")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connection_broken_after_the_finish_reason_stays_an_error() {
+    // Stop chunk and usage chunk, then the connection breaks off instead
+    // of ending the body: the HTTP framing says the body is incomplete.
+    let mut steps = without_terminator(openai_stream_steps(&["Hel", "lo"], true));
+    // (The pause lets the server flush what came before; virtual time.)
+    steps.push(Step::Pause(Duration::from_millis(10)));
+    steps.push(Step::Break);
+    let server = MockServer::start(Reply::sse_steps(steps))
+        .await
+        .expect("server");
+    let (chunks, end) = drain(
+        loopback_openai(&server)
+            .oneshot(req())
+            .await
+            .expect("commits"),
+    )
+    .await;
+    assert_eq!(text(&chunks), "Hello");
+    assert_eq!(usage_of(&chunks), [(10, 2)]);
+    let end = end.expect("a terminal error");
+    assert_eq!(end.class(), FailureClass::Transient);
+    assert_eq!(end.message(), Some("the stream broke off"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_several_choices_every_started_choice_needs_its_finish_reason() {
+    let text_of = |i: u32, t: &str| openai_choice(i, serde_json::json!({"content": t}), None);
+    let stop = |i: u32| openai_choice(i, serde_json::json!({}), Some("stop"));
+    // Choice 0 finished, choice 1 did not: truncated.
+    let server = MockServer::start(Reply::sse_steps(vec![
+        text_of(0, "a"),
+        text_of(1, "b"),
+        stop(0),
+    ]))
+    .await
+    .expect("server");
+    let (chunks, end) = drain(
+        loopback_openai(&server)
+            .oneshot(req())
+            .await
+            .expect("commits"),
+    )
+    .await;
+    assert_eq!(text(&chunks), "ab");
+    let end = end.expect("a terminal error");
+    assert_eq!(end.class(), FailureClass::Transient);
+    assert_eq!(
+        end.message(),
+        Some("the stream ended without its terminator")
+    );
+
+    // Both finished: complete.
+    let server = MockServer::start(Reply::sse_steps(vec![
+        text_of(0, "a"),
+        text_of(1, "b"),
+        stop(1),
+        stop(0),
+    ]))
+    .await
+    .expect("server");
+    let answer = loopback_openai(&server)
+        .oneshot(req())
+        .await
+        .expect("commits")
+        .collect_response()
+        .await
+        .expect("complete");
+    assert_eq!(answer.choices.len(), 2);
+    assert!(
+        answer
+            .choices
+            .iter()
+            .all(|c| c.finish_reason == FinishReason::Stop)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn anthropic_stop_reason_then_a_clean_end_without_message_stop_is_complete() {
+    // ... message_delta (stop_reason, usage); no message_stop.
+    let steps = without_terminator(anthropic_stream_steps(&["Hel", "lo"], true));
+    assert!(!format!("{steps:?}").contains("message_stop"));
+    let server = MockServer::start(Reply::sse_steps(steps))
+        .await
+        .expect("server");
+    let stream = loopback_anthropic(&server)
+        .oneshot(req())
+        .await
+        .expect("commits");
+    let (chunks, end) = drain(stream).await;
+    assert!(end.is_none(), "a clean end, not {end:?}");
+    assert_eq!(text(&chunks), "Hello");
+    assert_eq!(
+        chunks
+            .iter()
+            .filter_map(|c| c.finish_reason)
+            .collect::<Vec<_>>(),
+        [FinishReason::Stop]
+    );
+    // message_start's input count, message_delta's output count.
+    assert_eq!(usage_of(&chunks), [(10, 1), (0, 2)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn anthropic_body_ending_before_any_stop_reason_is_a_truncation_error() {
+    // Through content_block_stop; no message_delta, no message_stop.
+    let mut steps = anthropic_stream_steps(&["Hel", "lo"], true);
+    steps.truncate(steps.len() - 2);
+    let server = MockServer::start(Reply::sse_steps(steps))
+        .await
+        .expect("server");
+    let (chunks, end) = drain(
+        loopback_anthropic(&server)
+            .oneshot(req())
+            .await
+            .expect("commits"),
+    )
+    .await;
+    assert_eq!(text(&chunks), "Hello");
+    let end = end.expect("a terminal error");
+    assert_eq!(end.class(), FailureClass::Transient);
+    assert_eq!(end.provider(), Some("anthropic"));
+    assert_eq!(
+        end.message(),
+        Some("the stream ended without its terminator")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn bedrock_message_stop_then_a_clean_end_without_metadata_is_complete() {
+    // (Already so before this rule: Bedrock's wire treats the end of the
+    // body after `messageStop` as the terminator.)
+    let mut steps = bedrock_stream_steps(&["Hel", "lo"], true);
+    steps.pop(); // metadata
+    let t = ScriptedTransport::new(Reply::stream("application/vnd.amazon.eventstream", steps));
+    let (chunks, end) = drain(
+        bedrock(t)
+            .streaming()
+            .oneshot(req())
+            .await
+            .expect("commits"),
+    )
+    .await;
+    assert!(end.is_none(), "a clean end, not {end:?}");
+    assert_eq!(text(&chunks), "Hello");
+    // Without messageStop: truncated.
+    let mut steps = bedrock_stream_steps(&["Hel", "lo"], true);
+    steps.truncate(steps.len() - 2);
+    let t = ScriptedTransport::new(Reply::stream("application/vnd.amazon.eventstream", steps));
+    let (_, end) = drain(
+        bedrock(t)
+            .streaming()
+            .oneshot(req())
+            .await
+            .expect("commits"),
+    )
+    .await;
+    assert_eq!(
+        end.expect("a terminal error").class(),
+        FailureClass::Transient
+    );
 }
