@@ -524,6 +524,188 @@ pub struct LinkConfig {
     /// success wins (default: the route's `hedge`, else no hedging).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hedge: Option<HedgeConfig>,
+    /// `hedge_to`: where this link's hedge goes ([`HedgeTarget`]: `"same"`,
+    /// `"next"`, or `{ provider = "…", model = "…" }`; default: the
+    /// route's `hedge_to`, else `"same"`). Needs a `hedge` here or on the
+    /// route.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge_to: Option<HedgeTarget>,
+}
+
+/// Where a link's hedge goes: `hedge_to` in the policy file.
+///
+/// A slow primary can be hedged onto a healthy backup rather than onto
+/// itself: with `hedge_to = "next"`, once the hedge delay passes without an
+/// answer, a second attempt goes to the next link of the chain, and the
+/// first success wins (the other is cancelled). The hedge's request names
+/// its target, so its attempt record, breaker circuit and metrics are the
+/// target's; its model is the target's.
+///
+/// ```
+/// use tower_llm::config::{HedgeTarget, Policy};
+///
+/// let policy = Policy::from_toml(r#"
+///     [[providers]]
+///     name = "openai"
+///     kind = "openai"
+///     api_key_env = "OPENAI_API_KEY"
+///     [[providers]]
+///     name = "anthropic"
+///     kind = "anthropic"
+///     api_key_env = "ANTHROPIC_API_KEY"
+///     [[routes]]
+///     model = "smart"
+///     hedge = { delay_ms = 800 }
+///     hedge_to = "next"
+///     chain = [
+///         { provider = "openai", model = "gpt-4o-mini" },
+///         { provider = "anthropic", model = "claude-haiku-4-5",
+///           hedge_to = { provider = "openai", model = "gpt-4o-mini" } },
+///     ]
+/// "#).unwrap();
+/// assert_eq!(policy.routes[0].hedge_to, Some(HedgeTarget::Next));
+/// assert_eq!(
+///     policy.routes[0].chain[1].hedge_to,
+///     Some(HedgeTarget::Link { provider: "openai".into(), model: "gpt-4o-mini".into() }),
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "HedgeTargetRepr", into = "HedgeTargetRepr")]
+#[non_exhaustive]
+pub enum HedgeTarget {
+    /// `"same"`: a second connection to the same link (the default).
+    Same,
+    /// `"next"`: the next link of the chain. Written on a route, the last
+    /// link (which has none) hedges to itself; written on the last link,
+    /// the policy is refused.
+    Next,
+    /// `{ provider = "…", model = "…" }`: that provider (one of
+    /// `[[providers]]`) and model, with the route's retry settings.
+    Link {
+        /// The provider's `name`.
+        provider: String,
+        /// The model to ask it for.
+        model: String,
+    },
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum HedgeTargetRepr {
+    Word(String),
+    Link(HedgeTargetLink),
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HedgeTargetLink {
+    provider: String,
+    model: String,
+}
+
+impl TryFrom<HedgeTargetRepr> for HedgeTarget {
+    type Error = String;
+
+    fn try_from(repr: HedgeTargetRepr) -> Result<Self, String> {
+        match repr {
+            HedgeTargetRepr::Word(w) if w == "same" => Ok(HedgeTarget::Same),
+            HedgeTargetRepr::Word(w) if w == "next" => Ok(HedgeTarget::Next),
+            HedgeTargetRepr::Word(w) => Err(format!(
+                "hedge_to must be \"same\", \"next\" or {{ provider, model }}, not {w:?}"
+            )),
+            HedgeTargetRepr::Link(l) => Ok(HedgeTarget::Link {
+                provider: l.provider,
+                model: l.model,
+            }),
+        }
+    }
+}
+
+impl From<HedgeTarget> for HedgeTargetRepr {
+    fn from(target: HedgeTarget) -> Self {
+        match target {
+            HedgeTarget::Same => HedgeTargetRepr::Word("same".into()),
+            HedgeTarget::Next => HedgeTargetRepr::Word("next".into()),
+            HedgeTarget::Link { provider, model } => {
+                HedgeTargetRepr::Link(HedgeTargetLink { provider, model })
+            }
+        }
+    }
+}
+
+/// The hedge budgets of a policy's links, so each link has one budget
+/// whatever builds it.
+///
+/// A route is built twice (its unary and its streaming stack): both
+/// builds of a link take their hedge budget from here, so the link's
+/// `budget_ratio` holds for its calls of both kinds together. Across a
+/// reload, [`for_reload`](Self::for_reload) carries each budget over while
+/// its route, link, target and hedge settings are unchanged (its spent
+/// hedges still count); a budget nothing asks for again is dropped.
+/// Cloning shares the budgets.
+#[derive(Clone, Default)]
+pub struct HedgeBudgets {
+    inner: Arc<std::sync::Mutex<KeptBudgets>>,
+}
+
+type SharedBudget = Arc<dyn tower_llm_retry::Budget + Send + Sync>;
+
+#[derive(Default)]
+struct KeptBudgets {
+    now: std::collections::HashMap<String, SharedBudget>,
+    before: std::collections::HashMap<String, SharedBudget>,
+}
+
+impl fmt::Debug for HedgeBudgets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HedgeBudgets")
+            .field("links", &self.lock().now.len())
+            .finish()
+    }
+}
+
+impl HedgeBudgets {
+    /// No budgets yet.
+    pub fn new() -> Self {
+        HedgeBudgets::default()
+    }
+
+    /// The budgets for the next build of a policy: each of these that the
+    /// build asks for again (same route, link, target and settings) is
+    /// handed over as it is; the others are dropped with this one.
+    pub fn for_reload(&self) -> HedgeBudgets {
+        let before = self.lock().now.clone();
+        HedgeBudgets {
+            inner: Arc::new(std::sync::Mutex::new(KeptBudgets {
+                now: std::collections::HashMap::new(),
+                before,
+            })),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeptBudgets> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The budget of `key`, made from `config` the first time.
+    fn budget(
+        &self,
+        key: String,
+        config: &HedgeConfig,
+    ) -> Result<SharedBudget, tower_llm_hedge::InvalidHedgeConfig> {
+        let mut kept = self.lock();
+        if let Some(budget) = kept.now.get(&key) {
+            return Ok(budget.clone());
+        }
+        let budget = match kept.before.remove(&key) {
+            Some(budget) => budget,
+            None => Arc::new(config.budget()?),
+        };
+        kept.now.insert(key, budget.clone());
+        Ok(budget)
+    }
 }
 
 impl LinkConfig {
@@ -542,6 +724,7 @@ impl LinkConfig {
             admit: None,
             requires_verification: false,
             hedge: None,
+            hedge_to: None,
         }
     }
 }
@@ -643,6 +826,10 @@ pub struct RouteConfig {
     /// retry. Default: no hedging.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hedge: Option<HedgeConfig>,
+    /// `hedge_to`: where the hedges of the route's links go, for links
+    /// without their own ([`HedgeTarget`]; default `"same"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge_to: Option<HedgeTarget>,
 }
 
 impl RouteConfig {
@@ -659,6 +846,7 @@ impl RouteConfig {
             fallback_policy: None,
             breaker_policy: None,
             hedge: None,
+            hedge_to: None,
         }
     }
 }
@@ -1027,6 +1215,15 @@ impl Policy {
             if let Some(Err(e)) = route.hedge.as_ref().map(HedgeConfig::validate) {
                 p.push(format!("route \"{}\": hedge: {e}", route.model));
             }
+            if route.hedge_to.is_some() && route.hedge.is_none() {
+                let hedged_link = route.chain.iter().any(|l| l.hedge.is_some());
+                if !hedged_link {
+                    p.push(format!(
+                        "route \"{}\": hedge_to needs a hedge (on the route or a link)",
+                        route.model
+                    ));
+                }
+            }
             if let Some(rule) = &route.degraded_admit {
                 check_rule(
                     rule,
@@ -1051,7 +1248,8 @@ impl Policy {
                 }
             }
             let mut links = HashSet::new();
-            for link in &resolved.chain {
+            let last = resolved.chain.len().saturating_sub(1);
+            for (i, link) in resolved.chain.iter().enumerate() {
                 let at = format!(
                     "route \"{}\": link {}/{}",
                     route.model, link.provider, link.model
@@ -1088,6 +1286,26 @@ impl Policy {
                 }
                 if let Some(Err(e)) = link.hedge.as_ref().map(HedgeConfig::validate) {
                     p.push(format!("{at}: hedge: {e}"));
+                }
+                let hedged = link.hedge.is_some() || route.hedge.is_some();
+                match (&link.hedge_to, hedged) {
+                    (Some(_), false) => p.push(format!(
+                        "{at}: hedge_to needs a hedge (on the link or its route)"
+                    )),
+                    (Some(HedgeTarget::Next), true) if i == last => p.push(format!(
+                        "{at}: hedge_to = \"next\" on the last link (no link follows it)"
+                    )),
+                    _ => {}
+                }
+                if let Some(HedgeTarget::Link { provider, model }) =
+                    link.hedge_to.as_ref().or(route.hedge_to.as_ref())
+                {
+                    if !names.contains(provider.as_str()) {
+                        p.push(format!("{at}: hedge_to: unknown provider \"{provider}\""));
+                    }
+                    if model.is_empty() {
+                        p.push(format!("{at}: hedge_to: the model is empty"));
+                    }
                 }
                 if !names.contains(link.provider.as_str()) {
                     p.push(format!(
@@ -1459,7 +1677,8 @@ impl Policy {
     where
         Res: RouteAnswer + IdempotentAnswer,
     {
-        self.build_route_with(route, breaker, metrics, None, provider)
+        let hedges = HedgeBudgets::new();
+        self.build_route_with(route, breaker, metrics, None, &hedges, provider)
     }
 
     /// As [`build_route`](Self::build_route), with `idempotency` (if any)
@@ -1467,6 +1686,11 @@ impl Policy {
     /// **idempotency** → fallback → per link hedge → retry → breaker →
     /// provider. Pass the same layer (or a clone) on every reload so that
     /// stored answers survive it. [`Policy::idempotency_layer`] makes one.
+    ///
+    /// The links' hedges take their budgets from `hedges`: pass the same
+    /// one to every build of the route (its unary and its streaming stack)
+    /// so a link has one hedge budget, and
+    /// [`HedgeBudgets::for_reload`] of it on a reload.
     ///
     /// # Errors
     ///
@@ -1477,6 +1701,7 @@ impl Policy {
         breaker: &BreakerLayer,
         metrics: Metrics,
         idempotency: Option<&IdempotencyLayer<TenantHeader>>,
+        hedges: &HedgeBudgets,
         mut provider: impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
     ) -> Result<RouteService<Res>, ConfigError>
     where
@@ -1496,17 +1721,33 @@ impl Policy {
         if let Some(failures) = r.retry_failures {
             retry = retry.with_failure_policy(failures);
         }
+        // Hedge targets outside the chain get breaker keys too.
+        let mut keyed = r.chain.clone();
+        for link in &r.chain {
+            if let Some(HedgeTarget::Link { provider, model }) =
+                link.hedge_to.as_ref().or(route.hedge_to.as_ref())
+            {
+                if !keyed
+                    .iter()
+                    .any(|l| &l.provider == provider && &l.model == model)
+                {
+                    keyed.push(LinkConfig::new(provider.as_str(), model.as_str()));
+                }
+            }
+        }
         let breaker = breaker
             .clone()
             .with_config(r.breaker)
             .map_err(|e| ConfigError::new(format!("route \"{}\": {e}", route.model)))?
-            .with_key_fn(self.breaker_key_fn(&r.chain));
+            .with_key_fn(self.breaker_key_fn(&keyed));
         let mut links = Vec::with_capacity(r.chain.len());
-        for link in &r.chain {
-            let config = self.provider(&link.provider).ok_or_else(|| {
-                ConfigError::new(format!("unknown provider \"{}\"", link.provider))
-            })?;
-            // Overrides keep the route's retry budget (a clone shares it).
+        let unknown = |name: &str| ConfigError::new(format!("unknown provider \"{name}\""));
+        // A link's retry → breaker → provider (its overrides keep the
+        // route's retry budget: a clone shares it).
+        let mut link_stack = |link: &LinkConfig| -> Result<RouteService<Res>, ConfigError> {
+            let config = self
+                .provider(&link.provider)
+                .ok_or_else(|| unknown(&link.provider))?;
             let mut link_retry = retry.clone();
             if let Some(n) = link.max_attempts {
                 link_retry = link_retry.with_max_attempts(n);
@@ -1514,23 +1755,81 @@ impl Policy {
             if let Some(ms) = link.attempt_timeout_ms {
                 link_retry = link_retry.with_attempt_timeout(Duration::from_millis(ms));
             }
-            let inner = ServiceBuilder::new()
-                .llm_retry(link_retry)
-                .llm_breaker(breaker.clone())
-                .service(provider(config, link));
-            // One hedge layer per link, so each learns its own delay.
+            Ok(BoxCloneSyncService::new(
+                ServiceBuilder::new()
+                    .llm_retry(link_retry)
+                    .llm_breaker(breaker.clone())
+                    .service(provider(config, link)),
+            ))
+        };
+        for (i, link) in r.chain.iter().enumerate() {
+            let inner = link_stack(link)?;
+            // One hedge layer per link, so each learns its own delay; its
+            // budget is the link's, shared by the route's builds.
             let svc = match link.hedge.as_ref().or(route.hedge.as_ref()) {
-                None => BoxCloneSyncService::new(inner),
+                None => inner,
                 Some(hedge) => {
-                    let hedge = HedgeLayer::new(hedge.clone())
-                        .map_err(|e| {
-                            ConfigError::new(format!(
-                                "route \"{}\": link {}/{}: hedge: {e}",
-                                route.model, link.provider, link.model
-                            ))
-                        })?
+                    let at = format!(
+                        "route \"{}\": link {}/{}: hedge",
+                        route.model, link.provider, link.model
+                    );
+                    let target = link
+                        .hedge_to
+                        .as_ref()
+                        .or(route.hedge_to.as_ref())
+                        .unwrap_or(&HedgeTarget::Same);
+                    let target = match target {
+                        HedgeTarget::Next => r.chain.get(i + 1).map(|l| (i + 1, l.clone())),
+                        HedgeTarget::Link { provider, model }
+                            if provider != &link.provider || model != &link.model =>
+                        {
+                            let at = r
+                                .chain
+                                .iter()
+                                .position(|l| &l.provider == provider && &l.model == model);
+                            Some(match at {
+                                Some(at) => (at, r.chain[at].clone()),
+                                None => (i, LinkConfig::new(provider.as_str(), model.as_str())),
+                            })
+                        }
+                        _ => None,
+                    };
+                    let key = format!(
+                        "{}\u{0}{i}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{hedge:?}",
+                        route.model,
+                        link.provider,
+                        link.model,
+                        target.as_ref().map(|(_, l)| (&l.provider, &l.model)),
+                    );
+                    let budget = hedges
+                        .budget(key, hedge)
+                        .map_err(|e| ConfigError::new(format!("{at}: {e}")))?;
+                    let layer = HedgeLayer::new(hedge.clone())
+                        .map_err(|e| ConfigError::new(format!("{at}: {e}")))?
+                        .with_budget(budget)
                         .with_metrics(metrics.clone());
-                    BoxCloneSyncService::new(ServiceBuilder::new().llm_hedge(hedge).service(inner))
+                    match target {
+                        None => BoxCloneSyncService::new(
+                            ServiceBuilder::new().llm_hedge(layer).service(inner),
+                        ),
+                        Some((position, to)) => {
+                            let model: Arc<str> = Arc::from(to.model.as_str());
+                            let backup = ServiceBuilder::new()
+                                .map_request(move |mut req: ChatRequest| {
+                                    req.model = model.clone();
+                                    req
+                                })
+                                .service(link_stack(&to)?);
+                            let position = u8::try_from(position).unwrap_or(u8::MAX);
+                            let to = Link::new(to.provider.as_str(), to.model.as_str())
+                                .with_position(position);
+                            BoxCloneSyncService::new(
+                                ServiceBuilder::new()
+                                    .layer(layer.to(to, backup))
+                                    .service(inner),
+                            )
+                        }
+                    }
                 }
             };
             let mut spec =

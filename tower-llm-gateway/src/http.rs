@@ -144,10 +144,19 @@ fn insert_attempts(
     let Some(position) = position else {
         return;
     };
+    // The attempt that served: the one that succeeded (a hedge onto
+    // another link serves in its own name), else the last at the
+    // answer's position.
     let Some(served) = attempts
         .iter()
         .rev()
-        .find(|a| a.fallback_position == position)
+        .find(|a| a.outcome == AttemptOutcome::Succeeded)
+        .or_else(|| {
+            attempts
+                .iter()
+                .rev()
+                .find(|a| a.fallback_position == position)
+        })
     else {
         return;
     };

@@ -10,7 +10,8 @@ use std::time::Duration;
 use tower::util::BoxCloneSyncService;
 use tower_llm::breaker::BreakerLayer;
 use tower_llm::config::{
-    ConfigError, LinkConfig, Policy, ProviderConfig, ProviderServices, RouteService, TenantHeader,
+    ConfigError, HedgeBudgets, LinkConfig, Policy, ProviderConfig, ProviderServices, RouteService,
+    TenantHeader,
 };
 use tower_llm::idempotency::IdempotencyLayer;
 use tower_llm::{ChatRequest, Failure, FailureClass, GenAiMetrics, Metrics};
@@ -26,6 +27,7 @@ pub(crate) fn build(
     policy: &Policy,
     breaker: &BreakerLayer,
     idempotency: Option<&IdempotencyLayer<TenantHeader>>,
+    hedges: &HedgeBudgets,
     metrics: &Metrics,
     genai: &GenAiMetrics,
     transport: &Transport,
@@ -79,8 +81,13 @@ pub(crate) fn build(
     let mut info = HashMap::new();
     for route in &policy.routes {
         let mut missing = false;
-        let u =
-            policy.build_route_with(route, breaker, metrics.clone(), idempotency, |p, link| {
+        let u = policy.build_route_with(
+            route,
+            breaker,
+            metrics.clone(),
+            idempotency,
+            hedges,
+            |p, link| {
                 find(p, link).map_or_else(
                     || {
                         missing = true;
@@ -88,9 +95,15 @@ pub(crate) fn build(
                     },
                     |s| s.chat,
                 )
-            })?;
-        let s =
-            policy.build_route_with(route, breaker, metrics.clone(), idempotency, |p, link| {
+            },
+        )?;
+        let s = policy.build_route_with(
+            route,
+            breaker,
+            metrics.clone(),
+            idempotency,
+            hedges,
+            |p, link| {
                 find(p, link).map_or_else(
                     || {
                         missing = true;
@@ -98,7 +111,8 @@ pub(crate) fn build(
                     },
                     |s| s.stream,
                 )
-            })?;
+            },
+        )?;
         if missing {
             return Err(ConfigError::new(format!(
                 "route \"{}\": a link's provider was not built",

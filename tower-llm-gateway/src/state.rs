@@ -14,8 +14,8 @@ use tokio::sync::Semaphore;
 use tower_llm::breaker::KeyFn as _;
 use tower_llm::breaker::{BreakerConfig, BreakerHandle, BreakerKey, BreakerLayer, BreakerStore};
 use tower_llm::config::{
-    ConfigError, Policy, ProviderConfig, RouteService, ServerPolicy, SharedBreakerPolicy,
-    SharedIdempotencyPolicy, TenantHeader,
+    ConfigError, HedgeBudgets, Policy, ProviderConfig, RouteService, ServerPolicy,
+    SharedBreakerPolicy, SharedIdempotencyPolicy, TenantHeader,
 };
 use tower_llm::idempotency::{IdempotencyConfig, IdempotencyLayer};
 use tower_llm::{ChatRequest, ChatResponse, ChatStream, GenAiMetrics, Link, Metrics};
@@ -68,6 +68,9 @@ pub struct Gateway {
     /// The idempotency layer of `[idempotency]` and its settings; kept
     /// (with its stored answers) while they are unchanged.
     idempotency: Mutex<Option<(IdempotencyKey, IdempotencyLayer<TenantHeader>)>>,
+    /// Each hedged link's budget, one for its unary and streaming stacks,
+    /// carried across reloads while the link's hedge is unchanged.
+    hedges: Mutex<HedgeBudgets>,
     pub(crate) metrics: Metrics,
     pub(crate) genai: GenAiMetrics,
     pub(crate) registry: prometheus::Registry,
@@ -144,10 +147,12 @@ impl Gateway {
         let bulkheads = Bulkheads::default();
         let idempotency = idempotency_of(&policy, &metrics)?;
         let layer = lock(&breaker).layer.clone();
+        let hedges = HedgeBudgets::new();
         let routes = build(
             &policy,
             &layer,
             idempotency.as_ref().map(|(_, l)| l),
+            &hedges,
             &metrics,
             &genai,
             &transport,
@@ -160,6 +165,7 @@ impl Gateway {
             routes: ArcSwap::from_pointee(routes),
             breaker,
             idempotency: Mutex::new(idempotency),
+            hedges: Mutex::new(hedges),
             metrics,
             genai,
             registry,
@@ -220,10 +226,12 @@ impl Gateway {
                 }
             }
         };
+        let hedges = lock(&self.hedges).for_reload();
         let routes = build(
             &policy,
             &layer,
             idempotency.as_ref().map(|(_, l)| l),
+            &hedges,
             &self.metrics,
             &self.genai,
             &self.transport,
@@ -237,6 +245,7 @@ impl Gateway {
         running.register_circuits(&policy);
         drop(running);
         *lock(&self.idempotency) = idempotency;
+        *lock(&self.hedges) = hedges;
         self.routes.store(Arc::new(routes));
         Ok(())
     }

@@ -588,3 +588,145 @@ async fn without_failover_on_timeout_a_silent_primary_is_tried_three_times_first
         "{took:?}"
     );
 }
+
+/// Answers every call after 300 ms: a stream to a streaming request, a
+/// unary answer to the others.
+fn slow_either(req: &tower_llm_providers::mock::Recorded) -> Reply {
+    let body = String::from_utf8_lossy(&req.body);
+    let reply = if body.contains("\"stream\":true") {
+        Reply::openai_stream(&["slow"])
+    } else {
+        Reply::openai_text("slow")
+    };
+    reply.after(Duration::from_millis(300))
+}
+
+#[tokio::test(start_paused = true)]
+async fn hedge_one_budget_per_link_for_its_unary_and_streamed_calls() {
+    let text = |p: &MockServer, _: &MockServer| {
+        one_link(&p.url(), "").replace(
+            "chain = [",
+            "hedge = { delay_ms = 100, min_useful_ms = 100, budget_ratio = 0.1, budget_min_per_sec = 1 }\n        chain = [",
+        )
+    };
+    let h = start_text(Reply::With(slow_either), down(), text).await;
+    // 30 unary and 30 streamed slow calls at once: the link's budget of
+    // max(10 % of 60, 1/s over 10 s) = 10 hedges is one, not one per kind.
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..60_usize {
+        let (client, url) = (h.client.clone(), format!("{}/v1/chat/completions", h.url));
+        let body = if i % 2 == 0 { HELLO } else { HELLO_STREAM };
+        calls.spawn(async move {
+            let req = http::Request::post(url)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from_static(body.as_bytes())))
+                .expect("request");
+            let res = client.request(req).await.expect("an answer");
+            assert_eq!(res.status(), 200);
+            res.into_body().collect().await.expect("body");
+        });
+    }
+    while let Some(done) = calls.join_next().await {
+        done.expect("a call");
+    }
+    assert_eq!(h.primary.received().len(), 60 + 10);
+    // A reload with the same hedge keeps the spent budget: ten more slow
+    // calls within the window are not hedged.
+    let policy = h.gateway.policy();
+    h.gateway.reload(policy).expect("reloaded");
+    for _ in 0..10 {
+        assert_eq!(h.chat(HELLO).await.status, 200);
+    }
+    assert_eq!(h.primary.received().len(), 70 + 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hedge_a_slow_primary_is_hedged_onto_the_next_link() {
+    let slow = Reply::openai_text("slow").after(Duration::from_secs(5));
+    let h = start_text(slow, Reply::anthropic_text("from the backup"), |p, b| {
+        policy_text(p, b, "", FULL_CHAIN)
+            .replace("total_ms = 2000", "total_ms = 10000")
+            .replace("attempt_timeout_ms = 2000", "attempt_timeout_ms = 8000")
+            .replace(
+                "chain = [",
+                "hedge = { delay_ms = 100, min_useful_ms = 100 }\n        hedge_to = \"next\"\n        chain = [",
+            )
+    })
+    .await;
+    let start = tokio::time::Instant::now();
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(
+        a.json()["choices"][0]["message"]["content"],
+        "from the backup"
+    );
+    assert_eq!(a.header("x-llm-hedged"), "true");
+    assert_eq!(a.header("x-llm-provider"), "backup");
+    assert_eq!(a.header("x-llm-model-used"), "claude-x");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(100) && took < Duration::from_millis(200),
+        "{took:?}"
+    );
+    assert_eq!(h.primary.received().len(), 1);
+    let sent = h.backup.received();
+    assert_eq!(sent.len(), 1);
+    let body: serde_json::Value = serde_json::from_slice(&sent[0].body).expect("json");
+    assert_eq!(
+        body["model"], "claude-x",
+        "the hedge asks for the target's model"
+    );
+}
+
+#[test]
+fn hedge_to_is_checked_with_the_policy() {
+    let text = |chain: &str, route: &str| {
+        format!(
+            r#"
+            [[providers]]
+            name = "a"
+            kind = "openai"
+            api_key_env = "A_KEY"
+            [[providers]]
+            name = "b"
+            kind = "openai"
+            api_key_env = "B_KEY"
+            [[routes]]
+            model = "smart"
+            {route}
+            chain = {chain}
+            "#
+        )
+    };
+    let refused = |chain: &str, route: &str| {
+        Policy::from_toml(&text(chain, route))
+            .expect_err("refused")
+            .to_string()
+    };
+    let e = refused(
+        r#"[{ provider = "a", model = "m" }, { provider = "b", model = "m", hedge_to = "next" }]"#,
+        "hedge = { delay_ms = 100 }",
+    );
+    assert!(e.contains("hedge_to = \"next\" on the last link"), "{e}");
+    let e = refused(
+        r#"[{ provider = "a", model = "m", hedge_to = { provider = "c", model = "m" } }]"#,
+        "hedge = { delay_ms = 100 }",
+    );
+    assert!(e.contains("hedge_to: unknown provider \"c\""), "{e}");
+    let e = refused(
+        r#"[{ provider = "a", model = "m", hedge_to = "next" }, { provider = "b", model = "m" }]"#,
+        "",
+    );
+    assert!(e.contains("hedge_to needs a hedge"), "{e}");
+    let e = refused(
+        r#"[{ provider = "a", model = "m" }]"#,
+        "hedge = { delay_ms = 100 }\nhedge_to = \"elsewhere\"",
+    );
+    assert!(e.contains("hedge_to must be"), "{e}");
+    // A route's "next": the last link hedges to itself.
+    Policy::from_toml(&text(
+        r#"[{ provider = "a", model = "m" }, { provider = "b", model = "m" }]"#,
+        "hedge = { delay_ms = 100 }\nhedge_to = \"next\"",
+    ))
+    .expect("valid");
+}

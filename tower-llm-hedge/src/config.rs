@@ -113,6 +113,25 @@ impl HedgeConfig {
     pub fn min_useful(&self) -> Duration {
         Duration::from_millis(self.min_useful_ms)
     }
+
+    /// A fresh hedge budget of these settings: `budget_ratio` of the calls
+    /// over 10 s, at least `budget_min_per_sec` a second. What
+    /// [`HedgeLayer::new`](crate::HedgeLayer::new) builds; make one
+    /// yourself to share it between layers
+    /// ([`HedgeLayer::with_budget`](crate::HedgeLayer::with_budget)), say
+    /// the unary and the streaming stacks of one link.
+    ///
+    /// # Errors
+    ///
+    /// A `budget_ratio` the budget refuses (outside [0, 1]).
+    pub fn budget(&self) -> Result<tower_llm_retry::RetryBudget, InvalidHedgeConfig> {
+        tower_llm_retry::RetryBudget::new(
+            Duration::from_secs(10),
+            self.budget_min_per_sec,
+            self.budget_ratio,
+        )
+        .map_err(|_| InvalidHedgeConfig::budget())
+    }
 }
 
 /// A [`HedgeConfig`] that [`validate`](HedgeConfig::validate) refused.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 use tower_llm_core::{Link, Metrics};
-use tower_llm_retry::{Budget, RetryBudget};
+use tower_llm_retry::Budget;
 
 use crate::latency::Learned;
 use crate::{Hedge, HedgeConfig, InvalidHedgeConfig};
@@ -71,12 +71,7 @@ impl HedgeLayer {
     /// When `config` does not [validate](HedgeConfig::validate).
     pub fn new(config: HedgeConfig) -> Result<Self, InvalidHedgeConfig> {
         config.validate()?;
-        let budget = RetryBudget::new(
-            Duration::from_secs(10),
-            config.budget_min_per_sec,
-            config.budget_ratio,
-        )
-        .map_err(|_| InvalidHedgeConfig::budget())?;
+        let budget = config.budget()?;
         Ok(HedgeLayer {
             shared: Arc::new(Shared {
                 learned: config
