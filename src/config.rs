@@ -297,7 +297,11 @@ pub struct ServerPolicy {
     /// `max_in_flight`: chat calls served at once, from when their body
     /// has been read until their answer has been sent whole (a stream until
     /// it ends); beyond it a call is answered 503 with `Retry-After: 1`
-    /// (default 256).
+    /// (default 4,096, as `max_connections`: a call in flight holds about
+    /// 50 KiB besides its body, measured over plain HTTP with
+    /// `examples/deadline_lateness.rs`, so 4,096 of them hold about
+    /// 200 MiB, beside the body bound's 256 MiB; minute-long streams make a
+    /// thousand concurrent calls ordinary).
     pub max_in_flight: usize,
     /// `max_body_bytes_in_flight`: the bytes of request bodies the gateway
     /// holds at once, being read or being served; a chunk that would go
@@ -319,7 +323,7 @@ impl Default for ServerPolicy {
             body_read_timeout_ms: 30_000,
             send_timeout_ms: 30_000,
             max_connections: 4_096,
-            max_in_flight: 256,
+            max_in_flight: 4_096,
             max_body_bytes_in_flight: 256 * 1024 * 1024,
             reload_settle_ms: 500,
         }

