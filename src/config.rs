@@ -2158,6 +2158,50 @@ mod tests {
     use tower_llm_breaker::BreakerCount;
     use tower_llm_retry::{Jitter, JitterSpec};
 
+    #[test]
+    fn an_admission_rule_compares_header_bytes_so_utf8_values_match() {
+        let rule = AdmitRule {
+            header: "x-tenant-region".into(),
+            any_of: vec!["zürich".into()],
+        };
+        let with = |value: &[u8]| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                "x-tenant-region",
+                http::HeaderValue::from_bytes(value).expect("a header value"),
+            );
+            let mut req = ChatRequest::new("m", vec![]);
+            req.extensions.insert(InboundHeaders(headers));
+            rule.admits(&req)
+        };
+        assert!(with("zürich".as_bytes()));
+        // The same word in Latin-1 is other bytes: not admitted.
+        assert!(!with(b"z\xfcrich"));
+        assert!(!with(b"zurich"));
+    }
+
+    #[test]
+    fn the_tenant_of_a_request_is_its_header_s_raw_bytes() {
+        let with = |value: Option<&[u8]>| {
+            let mut headers = http::HeaderMap::new();
+            if let Some(value) = value {
+                headers.insert(
+                    TENANT_HEADER,
+                    http::HeaderValue::from_bytes(value).expect("a header value"),
+                );
+            }
+            let mut req = ChatRequest::new("m", vec![]);
+            req.extensions.insert(InboundHeaders(headers));
+            tenant_header(&req)
+        };
+        assert_eq!(
+            with(Some("café-lyon".as_bytes())),
+            Some("café-lyon".as_bytes().to_vec())
+        );
+        assert_eq!(with(Some(b"caf\xe9")), Some(b"caf\xe9".to_vec()));
+        assert_eq!(with(None), None);
+    }
+
     const GOOD: &str = r#"
         [[providers]]
         name = "a"
