@@ -10,7 +10,7 @@ use hyper_util::rt::TokioExecutor;
 use tower_llm_providers::mock::{MockServer, Reply};
 
 mod binary_support;
-use binary_support::{send, start};
+use binary_support::{one_link_policy, send, start};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tower-llm-gateway");
 
@@ -44,23 +44,7 @@ async fn finish(mut command: tokio::process::Command) -> Output {
 /// A policy file (test `name`) with the one route `from-env-file` to
 /// `upstream`.
 fn config(name: &str, upstream: &MockServer) -> std::path::PathBuf {
-    let path =
-        std::env::temp_dir().join(format!("tower-llm-cli-{name}-{}.toml", std::process::id()));
-    let text = format!(
-        r#"
-        [[providers]]
-        name = "primary"
-        kind = "openai"
-        base_url = "{}/v1"
-        api_key_env = "UPSTREAM_KEY"
-        [[routes]]
-        model = "from-env-file"
-        chain = [{{ provider = "primary", model = "gpt-4o-mini" }}]
-        "#,
-        upstream.url()
-    );
-    std::fs::write(&path, text).expect("write the policy file");
-    path
+    one_link_policy(&format!("cli-{name}"), &upstream.url(), "from-env-file", "")
 }
 
 #[tokio::test]

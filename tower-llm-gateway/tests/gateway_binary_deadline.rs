@@ -16,6 +16,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
+mod binary_support;
+use binary_support::one_link_policy;
+
 const CALLS: usize = 1000;
 const DEADLINE: Duration = Duration::from_secs(2);
 
@@ -43,32 +46,11 @@ async fn silent_upstream() -> std::net::SocketAddr {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_hanging_calls_end_at_their_deadline_with_stderr_unread() {
     let upstream = silent_upstream().await;
-    let config = std::env::temp_dir().join(format!(
-        "tower-llm-deadline-binary-{}.toml",
-        std::process::id()
-    ));
-    std::fs::write(
-        &config,
-        format!(
-            r#"
-            [deadline]
-            total_ms = {deadline}
-            [retry]
-            max_attempts = 1
-            attempt_timeout_ms = {deadline}
-            [[providers]]
-            name = "silent"
-            kind = "openai"
-            base_url = "http://{upstream}/v1"
-            api_key_env = "UPSTREAM_KEY"
-            [[routes]]
-            model = "smart"
-            chain = [{{ provider = "silent", model = "m" }}]
-            "#,
-            deadline = DEADLINE.as_millis()
-        ),
-    )
-    .expect("write the policy file");
+    let deadline = DEADLINE.as_millis();
+    let tables = format!(
+        "[deadline]\ntotal_ms = {deadline}\n[retry]\nmax_attempts = 1\nattempt_timeout_ms = {deadline}"
+    );
+    let config = one_link_policy("deadline", &format!("http://{upstream}"), "smart", &tables);
     // Its stderr is a pipe nobody reads: once 64 KiB are waiting, a
     // write to it blocks.
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-llm-gateway"))

@@ -15,7 +15,7 @@ use hyper_util::rt::TokioExecutor;
 use tower_llm_providers::mock::{MockServer, Reply};
 
 mod binary_support;
-use binary_support::spawn;
+use binary_support::{one_link_policy, spawn};
 
 const STREAM: &str =
     r#"{"model": "smart", "stream": true, "messages": [{"role": "user", "content": "Hello"}]}"#;
@@ -25,31 +25,11 @@ const STREAMS: usize = 96;
 const AT_ONCE: usize = 8;
 
 fn config(upstream: &MockServer) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!("tower-llm-memory-{}.toml", std::process::id()));
-    let text = format!(
-        r#"
-        [deadline]
-        total_ms = 60000
-        [retry]
-        max_attempts = 1
-        attempt_timeout_ms = 60000
-        [idempotency]
-        ttl_ms = 600000
-        max_bytes = {MAX_BYTES}
-        max_entry_bytes = {MAX_BYTES}
-        [[providers]]
-        name = "primary"
-        kind = "openai"
-        base_url = "{}/v1"
-        api_key_env = "UPSTREAM_KEY"
-        [[routes]]
-        model = "smart"
-        chain = [{{ provider = "primary", model = "gpt-4o-mini" }}]
-        "#,
-        upstream.url()
+    let tables = format!(
+        "[deadline]\ntotal_ms = 60000\n[retry]\nmax_attempts = 1\nattempt_timeout_ms = 60000\n\
+         [idempotency]\nttl_ms = 600000\nmax_bytes = {MAX_BYTES}\nmax_entry_bytes = {MAX_BYTES}"
     );
-    std::fs::write(&path, text).expect("write the policy file");
-    path
+    one_link_policy("memory", &upstream.url(), "smart", &tables)
 }
 
 /// The process's resident memory, in bytes (`VmRSS`).

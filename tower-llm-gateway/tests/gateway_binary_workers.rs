@@ -14,39 +14,22 @@ use hyper_util::rt::TokioExecutor;
 use tower_llm_providers::mock::{MockServer, Reply};
 
 mod binary_support;
-use binary_support::{send, spawn};
+use binary_support::{one_link_policy, send, spawn};
 
 const HELLO: &str = r#"{"model": "smart", "messages": [{"role": "user", "content": "Hello"}]}"#;
 
 /// Writes the policy file of test `name`.
 fn config(name: &str, upstream: &MockServer, failures: u32) -> std::path::PathBuf {
-    let path = std::env::temp_dir().join(format!(
-        "tower-llm-workers-{name}-{}.toml",
-        std::process::id()
-    ));
-    let text = format!(
-        r#"
-        [deadline]
-        total_ms = 5000
-        [retry]
-        max_attempts = 1
-        attempt_timeout_ms = 5000
-        [breaker]
-        consecutive_failures = {failures}
-        cooldown_ms = 60000
-        [[providers]]
-        name = "primary"
-        kind = "openai"
-        base_url = "{}/v1"
-        api_key_env = "UPSTREAM_KEY"
-        [[routes]]
-        model = "smart"
-        chain = [{{ provider = "primary", model = "gpt-4o-mini" }}]
-        "#,
-        upstream.url()
+    let tables = format!(
+        "[deadline]\ntotal_ms = 5000\n[retry]\nmax_attempts = 1\nattempt_timeout_ms = 5000\n\
+         [breaker]\nconsecutive_failures = {failures}\ncooldown_ms = 60000"
     );
-    std::fs::write(&path, text).expect("write the policy file");
-    path
+    one_link_policy(
+        &format!("workers-{name}"),
+        &upstream.url(),
+        "smart",
+        &tables,
+    )
 }
 
 /// A client whose every request opens a connection of its own (no pool),

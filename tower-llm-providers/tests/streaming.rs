@@ -589,6 +589,39 @@ async fn a_complete_stream_is_not_an_aborted_one_and_a_bom_is_skipped() {
 // the body proves the answer complete; a body that ends before it is
 // truncated.
 
+/// The wire a loopback test speaks.
+#[derive(Clone, Copy)]
+enum Wire {
+    OpenAi,
+    Anthropic,
+}
+
+/// Serves `steps` from a loopback server and drains the stream that
+/// `wire`'s provider makes of them (it must commit); the server too, for
+/// what it saw.
+async fn play(wire: Wire, steps: Vec<Step>) -> (Vec<ChatChunk>, Option<Failure>, MockServer) {
+    let server = MockServer::start(Reply::sse_steps(steps))
+        .await
+        .expect("server");
+    let stream = match wire {
+        Wire::OpenAi => loopback_openai(&server).oneshot(req()).await,
+        Wire::Anthropic => loopback_anthropic(&server).oneshot(req()).await,
+    }
+    .expect("commits");
+    let (chunks, end) = drain(stream).await;
+    (chunks, end, server)
+}
+
+/// `end` is the truncation error: transient, "without its terminator".
+fn assert_truncated(end: Option<Failure>) {
+    let end = end.expect("a terminal error");
+    assert_eq!(end.class(), FailureClass::Transient);
+    assert_eq!(
+        end.message(),
+        Some("the stream ended without its terminator")
+    );
+}
+
 /// A provider streaming from `server` over a real HTTP client.
 fn loopback_openai(
     server: &MockServer,
@@ -639,14 +672,7 @@ async fn openai_finish_reason_and_usage_then_a_clean_end_without_done_is_complet
     // Role chunk, "Hel", "lo", stop chunk, usage chunk; no `data: [DONE]`.
     let steps = without_terminator(openai_stream_steps(&["Hel", "lo"], true));
     assert!(!format!("{steps:?}").contains("[DONE]"));
-    let server = MockServer::start(Reply::sse_steps(steps))
-        .await
-        .expect("server");
-    let stream = loopback_openai(&server)
-        .oneshot(req())
-        .await
-        .expect("commits");
-    let (chunks, end) = drain(stream).await;
+    let (chunks, end, server) = play(Wire::OpenAi, steps).await;
     assert!(end.is_none(), "a clean end, not {end:?}");
     assert_eq!(text(&chunks), "Hello");
     assert_eq!(
@@ -679,22 +705,10 @@ async fn openai_finish_reason_and_usage_then_a_clean_end_without_done_is_complet
 #[tokio::test(start_paused = true)]
 async fn openai_body_ending_before_any_finish_reason_is_a_truncation_error() {
     // Role chunk and "Hel", then the body ends cleanly: truncated.
-    let server = MockServer::start(Reply::sse_steps(openai_stream_steps(&["Hel"], false)))
-        .await
-        .expect("server");
-    let stream = loopback_openai(&server)
-        .oneshot(req())
-        .await
-        .expect("commits");
-    let (chunks, end) = drain(stream).await;
+    let (chunks, end, _) = play(Wire::OpenAi, openai_stream_steps(&["Hel"], false)).await;
     assert_eq!(text(&chunks), "Hel");
-    let end = end.expect("a terminal error");
-    assert_eq!(end.class(), FailureClass::Transient);
-    assert_eq!(end.provider(), Some("openai"));
-    assert_eq!(
-        end.message(),
-        Some("the stream ended without its terminator")
-    );
+    assert_eq!(end.as_ref().and_then(Failure::provider), Some("openai"));
+    assert_truncated(end);
 
     // A finish reason, then the body ends in the middle of the next
     // event (a cut usage chunk): not a clean end, still truncated.
@@ -703,23 +717,9 @@ async fn openai_body_ending_before_any_finish_reason_is_a_truncation_error() {
     steps.push(Step::Send(Bytes::from_static(
         b"data: {\"id\":\"chatcmpl-mock\",\"choices\":[],\"usage\":{\"prompt_tok",
     )));
-    let server = MockServer::start(Reply::sse_steps(steps))
-        .await
-        .expect("server");
-    let (chunks, end) = drain(
-        loopback_openai(&server)
-            .oneshot(req())
-            .await
-            .expect("commits"),
-    )
-    .await;
+    let (chunks, end, _) = play(Wire::OpenAi, steps).await;
     assert_eq!(text(&chunks), "Hello");
-    let end = end.expect("a terminal error");
-    assert_eq!(end.class(), FailureClass::Transient);
-    assert_eq!(
-        end.message(),
-        Some("the stream ended without its terminator")
-    );
+    assert_truncated(end);
 }
 
 #[tokio::test(start_paused = true)]
@@ -730,16 +730,7 @@ async fn a_connection_broken_after_the_finish_reason_stays_an_error() {
     // (The pause lets the server flush what came before; virtual time.)
     steps.push(Step::Pause(Duration::from_millis(10)));
     steps.push(Step::Break);
-    let server = MockServer::start(Reply::sse_steps(steps))
-        .await
-        .expect("server");
-    let (chunks, end) = drain(
-        loopback_openai(&server)
-            .oneshot(req())
-            .await
-            .expect("commits"),
-    )
-    .await;
+    let (chunks, end, _) = play(Wire::OpenAi, steps).await;
     assert_eq!(text(&chunks), "Hello");
     assert_eq!(usage_of(&chunks), [(10, 2)]);
     let end = end.expect("a terminal error");
@@ -752,27 +743,10 @@ async fn with_several_choices_every_started_choice_needs_its_finish_reason() {
     let text_of = |i: u32, t: &str| openai_choice(i, serde_json::json!({"content": t}), None);
     let stop = |i: u32| openai_choice(i, serde_json::json!({}), Some("stop"));
     // Choice 0 finished, choice 1 did not: truncated.
-    let server = MockServer::start(Reply::sse_steps(vec![
-        text_of(0, "a"),
-        text_of(1, "b"),
-        stop(0),
-    ]))
-    .await
-    .expect("server");
-    let (chunks, end) = drain(
-        loopback_openai(&server)
-            .oneshot(req())
-            .await
-            .expect("commits"),
-    )
-    .await;
+    let steps = vec![text_of(0, "a"), text_of(1, "b"), stop(0)];
+    let (chunks, end, _) = play(Wire::OpenAi, steps).await;
     assert_eq!(text(&chunks), "ab");
-    let end = end.expect("a terminal error");
-    assert_eq!(end.class(), FailureClass::Transient);
-    assert_eq!(
-        end.message(),
-        Some("the stream ended without its terminator")
-    );
+    assert_truncated(end);
 
     // Both finished: complete.
     let server = MockServer::start(Reply::sse_steps(vec![
@@ -804,14 +778,7 @@ async fn anthropic_stop_reason_then_a_clean_end_without_message_stop_is_complete
     // ... message_delta (stop_reason, usage); no message_stop.
     let steps = without_terminator(anthropic_stream_steps(&["Hel", "lo"], true));
     assert!(!format!("{steps:?}").contains("message_stop"));
-    let server = MockServer::start(Reply::sse_steps(steps))
-        .await
-        .expect("server");
-    let stream = loopback_anthropic(&server)
-        .oneshot(req())
-        .await
-        .expect("commits");
-    let (chunks, end) = drain(stream).await;
+    let (chunks, end, _) = play(Wire::Anthropic, steps).await;
     assert!(end.is_none(), "a clean end, not {end:?}");
     assert_eq!(text(&chunks), "Hello");
     assert_eq!(
@@ -830,24 +797,10 @@ async fn anthropic_body_ending_before_any_stop_reason_is_a_truncation_error() {
     // Through content_block_stop; no message_delta, no message_stop.
     let mut steps = anthropic_stream_steps(&["Hel", "lo"], true);
     steps.truncate(steps.len() - 2);
-    let server = MockServer::start(Reply::sse_steps(steps))
-        .await
-        .expect("server");
-    let (chunks, end) = drain(
-        loopback_anthropic(&server)
-            .oneshot(req())
-            .await
-            .expect("commits"),
-    )
-    .await;
+    let (chunks, end, _) = play(Wire::Anthropic, steps).await;
     assert_eq!(text(&chunks), "Hello");
-    let end = end.expect("a terminal error");
-    assert_eq!(end.class(), FailureClass::Transient);
-    assert_eq!(end.provider(), Some("anthropic"));
-    assert_eq!(
-        end.message(),
-        Some("the stream ended without its terminator")
-    );
+    assert_eq!(end.as_ref().and_then(Failure::provider), Some("anthropic"));
+    assert_truncated(end);
 }
 
 #[tokio::test(start_paused = true)]

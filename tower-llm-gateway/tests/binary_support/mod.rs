@@ -12,6 +12,37 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::io::AsyncBufReadExt;
 
+/// Writes the policy file of test `name` (under the temp dir, unique to
+/// this process): `tables` first (`[deadline]`, `[retry]`, ...), then one
+/// OpenAI provider `primary` at `upstream` (its key from `UPSTREAM_KEY`)
+/// and one route `route` over it.
+pub(crate) fn one_link_policy(
+    name: &str,
+    upstream: &str,
+    route: &str,
+    tables: &str,
+) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "tower-llm-binary-{name}-{}.toml",
+        std::process::id()
+    ));
+    let text = format!(
+        r#"
+        {tables}
+        [[providers]]
+        name = "primary"
+        kind = "openai"
+        base_url = "{upstream}/v1"
+        api_key_env = "UPSTREAM_KEY"
+        [[routes]]
+        model = "{route}"
+        chain = [{{ provider = "primary", model = "gpt-4o-mini" }}]
+        "#
+    );
+    std::fs::write(&path, text).expect("write the policy file");
+    path
+}
+
 /// A running gateway binary; killed when dropped.
 pub(crate) struct Binary {
     pub(crate) url: String,
