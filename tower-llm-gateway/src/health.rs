@@ -32,10 +32,11 @@ impl Gateway {
     /// down); results at `GET /health/providers` and in the `provider_up`
     /// gauge. Returns when every probe has ended.
     pub async fn probe_once(&self) {
-        let policy = self.routes.load().policy.clone();
-        let limit = Duration::from_millis(policy.health.probe_timeout_ms);
+        let routes = self.routes.load_full();
+        let policy = &routes.policy;
+        let limit = Duration::from_millis(routes.settings.health.probe_timeout_ms);
         let mut probes = tokio::task::JoinSet::new();
-        for provider in policy.providers {
+        for provider in policy.providers.iter().cloned() {
             let Some(url) = provider.health_url.clone() else {
                 continue;
             };
@@ -105,7 +106,7 @@ async fn probe(transport: Transport, url: String, limit: Duration) -> Probe {
 /// spawn it.
 pub async fn probe_loop(gateway: Arc<Gateway>) {
     loop {
-        let every = gateway.routes.load().policy.health.probe_interval_ms;
+        let every = gateway.routes.load().settings.health.probe_interval_ms;
         if every == 0 {
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;

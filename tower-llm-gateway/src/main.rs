@@ -2,7 +2,7 @@
 //! stack.
 //!
 //! ```text
-//! cargo run --release -p tower-llm-gateway                   # the demo, no keys
+//! cargo run --release -p tower-llm-gateway --features demo   # the demo, no keys
 //! tower-llm-gateway --config gateway.toml --listen 127.0.0.1:8080 [--workers N]
 //! tower-llm-gateway --help | --version
 //! ```
@@ -43,15 +43,13 @@
 //!   SIGTERM or ctrl-c: it stops accepting, lets calls in flight finish up
 //!   to their deadline, then exits.
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
-use tower_llm::config::Policy;
-use tower_llm::providers::ApiKey;
-use tower_llm_gateway::{Gateway, KeySource};
-use tower_llm_providers::mock::MockServer;
+use tower_llm_gateway::{Gateway, GatewayConfig, GatewayServer, KeySource};
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -166,27 +164,14 @@ async fn run(args: Args) -> Result<(), Error> {
         )
         .try_init()?;
 
-    let (policy, keys, _mocks): (Policy, KeySource, Vec<MockServer>) = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)?;
-            let keys: KeySource = Arc::new(|p| p.api_key_from_env());
-            (Policy::from_toml(&text)?, keys, Vec::new())
-        }
-        None => {
-            let (policy, mocks) = tower_llm_gateway::demo::embedded().await?;
-            let keys: KeySource = Arc::new(|_| Ok(Some(ApiKey::new("mock"))));
-            (policy, keys, mocks)
-        }
-    };
+    let (config, keys, _demo) = load(&args).await?;
     let listen = args
         .listen
         .clone()
-        .or_else(|| policy.listen.clone())
+        .or_else(|| config.settings.listen.clone())
         .unwrap_or_else(|| "127.0.0.1:8080".to_owned());
-    let limits = policy.server;
     let transport = tower_llm_gateway::Transport::per_thread(Duration::from_secs(5));
-    let gateway = Gateway::new(policy, transport, keys)?;
-
+    let gateway = Gateway::new(config, transport, keys)?;
     if let Some(path) = args.config.clone() {
         tokio::spawn(tower_llm_gateway::reload_on_change(gateway.clone(), path));
     }
@@ -194,25 +179,13 @@ async fn run(args: Args) -> Result<(), Error> {
     // Probes follow `[health] probe_interval_ms` of the running policy.
     tokio::spawn(tower_llm_gateway::probe_loop(gateway.clone()));
 
-    // One worker per core by default; a port is shared only where
-    // SO_REUSEPORT exists.
-    let workers = if cfg!(unix) {
-        args.workers
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
-    } else {
-        1
-    };
-    let addr = tokio::net::lookup_host(&listen)
-        .await?
-        .next()
-        .ok_or_else(|| format!("{listen:?} names no address"))?;
-    // Every worker's listener is open before the address is printed.
-    let listener = listen_shared(&addr, workers > 1)?;
-    let addr = listener.local_addr()?;
-    let mut others = Vec::new();
-    for _ in 1..workers {
-        others.push(listen_shared(&addr, true)?.into_std()?);
+    let mut server = GatewayServer::new(gateway);
+    if let Some(workers) = args.workers.and_then(NonZeroUsize::new) {
+        server = server.with_workers(workers);
     }
+    // Every worker's listener is open before the address is printed.
+    let server = server.bind(&listen).await?;
+    let addr = server.local_addr();
     println!("tower-llm gateway listening on http://{addr}");
     if args.config.is_none() {
         println!(
@@ -225,95 +198,37 @@ async fn run(args: Args) -> Result<(), Error> {
     );
     println!("  curl -s http://{addr}/v1/models    curl -s http://{addr}/health/circuits");
     println!("  curl -s http://{addr}/metrics");
-    // Calls in flight at shutdown get the running policy's whole budget:
-    // their body's read time and their deadline.
-    let running = gateway.clone();
-    let (stop, stopping) = tokio::sync::watch::channel(None::<Duration>);
-    let grace = move || {
-        let mut stopping = stopping.clone();
-        async move {
-            match stopping.wait_for(Option::is_some).await {
-                Ok(grace) => grace.unwrap_or_default(),
-                Err(_) => Duration::ZERO,
-            }
-        }
-    };
-    // Workers 1.. each run a single-threaded runtime of their own; worker
-    // 0 is this thread, which also runs the reload and probe tasks. They
-    // share `[server] max_connections`.
-    let router = gateway.router();
-    let slots = tower_llm_gateway::ConnectionSlots::new(limits.max_connections);
-    let mut threads = Vec::new();
-    for (worker, listener) in (1..).zip(others) {
-        let (router, grace, slots) = (router.clone(), grace.clone(), slots.clone());
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let thread = std::thread::Builder::new()
-            .name(format!("gateway-worker-{worker}"))
-            .spawn(move || {
-                runtime.block_on(async move {
-                    match tokio::net::TcpListener::from_std(listener) {
-                        Ok(listener) => {
-                            tower_llm_gateway::serve_with_slots(
-                                listener,
-                                router,
-                                limits,
-                                slots,
-                                grace(),
-                            )
-                            .await;
-                        }
-                        Err(e) => {
-                            tracing::error!(target: "gateway", error = %e, worker, "a worker could not listen");
-                        }
-                    }
-                });
-            })?;
-        threads.push(thread);
-    }
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        let policy = running.policy();
-        let longest = policy
-            .routes
-            .iter()
-            .filter_map(|r| policy.resolve(r).ok())
-            .map(|r| Duration::from_millis(r.total_ms))
-            .max()
-            .unwrap_or_else(|| policy.deadline.total());
-        let _ = stop.send(Some(policy.server.body_read_timeout() + longest));
-    });
-    tower_llm_gateway::serve_with_slots(listener, router, limits, slots, grace()).await;
-    // This runtime keeps running (the shared stores' tasks live on it)
-    // while the other workers finish.
-    for thread in threads {
-        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-    }
-    tracing::info!(target: "gateway", "stopped");
+    server.serve(shutdown_signal()).await?;
     Ok(())
 }
 
-/// A listener on `addr`; with `shared`, others may listen on the same
-/// port (SO_REUSEPORT, where the platform has it).
-fn listen_shared(
-    addr: &std::net::SocketAddr,
-    shared: bool,
-) -> std::io::Result<tokio::net::TcpListener> {
-    let socket = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    #[cfg(unix)]
-    if shared {
-        socket.set_reuseport(true)?;
+/// What the demo keeps alive while it runs (its mock providers).
+#[cfg(feature = "demo")]
+type Demo = Vec<tower_llm_providers::mock::MockServer>;
+#[cfg(not(feature = "demo"))]
+type Demo = ();
+
+/// The configuration to serve: the `--config` file, else the embedded
+/// demo (built with the `demo` feature).
+async fn load(args: &Args) -> Result<(GatewayConfig, KeySource, Demo), Error> {
+    if let Some(path) = &args.config {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let keys: KeySource = Arc::new(|p| p.api_key_from_env());
+        #[cfg(feature = "demo")]
+        let demo = Vec::new();
+        #[cfg(not(feature = "demo"))]
+        let demo = ();
+        return Ok((GatewayConfig::from_toml(&text)?, keys, demo));
     }
-    #[cfg(not(unix))]
-    let _ = shared;
-    socket.bind(*addr)?;
-    socket.listen(1024)
+    #[cfg(feature = "demo")]
+    {
+        let (policy, mocks) = tower_llm_gateway::demo::embedded().await?;
+        let keys: KeySource = Arc::new(|_| Ok(Some(tower_llm::providers::ApiKey::new("mock"))));
+        Ok((GatewayConfig::from(policy), keys, mocks))
+    }
+    #[cfg(not(feature = "demo"))]
+    Err("no --config given (TOWER_LLM_GATEWAY_CONFIG); the embedded demo needs the `demo` feature: cargo run -p tower-llm-gateway --features demo".into())
 }
 
 /// Resolves on ctrl-c or SIGTERM.
@@ -333,5 +248,4 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term => {}
     }
-    tracing::info!(target: "gateway", "shutting down: no new connections; calls in flight finish");
 }

@@ -16,6 +16,7 @@ use tower_llm::config::{
 use tower_llm::idempotency::IdempotencyLayer;
 use tower_llm::{ChatRequest, Failure, FailureClass, GenAiMetrics, Metrics};
 
+use crate::config::GatewaySettings;
 use crate::state::{KeySource, RouteInfo, Routes, Transport};
 
 /// Bulkheads by provider name, with their limit.
@@ -25,6 +26,7 @@ pub(crate) type Bulkheads = Mutex<HashMap<String, (usize, Arc<tokio::sync::Semap
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn build(
     policy: &Policy,
+    settings: &GatewaySettings,
     breaker: &BreakerLayer,
     idempotency: Option<&IdempotencyLayer<TenantHeader>>,
     hedges: &HedgeBudgets,
@@ -138,6 +140,7 @@ pub(crate) fn build(
     }
     Ok(Routes {
         policy: policy.clone(),
+        settings: settings.clone(),
         unary,
         stream,
         info,

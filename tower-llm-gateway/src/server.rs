@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::config::ServerPolicy;
 use axum::Router;
 use axum::body::Body;
 use hyper::body::{Frame, SizeHint};
@@ -37,7 +38,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 use tower::ServiceExt;
-use tower_llm::config::ServerPolicy;
 
 /// What a connection is doing, for its timers.
 #[derive(Debug, Clone, Copy)]

@@ -14,13 +14,15 @@ use tokio::sync::Semaphore;
 use tower_llm::breaker::KeyFn as _;
 use tower_llm::breaker::{BreakerConfig, BreakerHandle, BreakerKey, BreakerLayer, BreakerStore};
 use tower_llm::config::{
-    ConfigError, HedgeBudgets, Policy, ProviderConfig, RouteService, ServerPolicy,
-    SharedBreakerPolicy, SharedIdempotencyPolicy, TenantHeader,
+    ConfigError, HedgeBudgets, Policy, ProviderConfig, RouteService, TenantHeader,
 };
 use tower_llm::idempotency::{IdempotencyConfig, IdempotencyLayer};
 use tower_llm::{ChatRequest, ChatResponse, ChatStream, GenAiMetrics, Link, Metrics};
 use tower_llm_breaker_redis::RedisStore;
 
+use crate::config::{
+    GatewayConfig, GatewaySettings, ServerPolicy, SharedBreakerPolicy, SharedIdempotencyPolicy,
+};
 use crate::health::Probe;
 use crate::routes::{Bulkheads, build};
 
@@ -38,6 +40,8 @@ pub use crate::transport::Transport;
 pub(crate) struct Routes {
     /// The policy they were built from.
     pub(crate) policy: Policy,
+    /// The gateway's settings read with it.
+    pub(crate) settings: GatewaySettings,
     pub(crate) unary: HashMap<String, RouteService<ChatResponse>>,
     pub(crate) stream: HashMap<String, RouteService<ChatStream>>,
     /// What the handler needs to know of each route.
@@ -123,12 +127,14 @@ impl Gateway {
     /// A provider that cannot be built (a missing key); with
     /// `[breaker_shared]`, no tokio runtime or a URL that does not parse.
     pub fn new(
-        policy: Policy,
+        config: impl Into<GatewayConfig>,
         transport: impl Into<Transport>,
         keys: KeySource,
     ) -> Result<Arc<Self>, ConfigError> {
         let transport = transport.into();
-        policy.validate()?;
+        let config = config.into();
+        config.validate()?;
+        let GatewayConfig { policy, settings } = &config;
         let registry = prometheus::Registry::new();
         let exporter = opentelemetry_prometheus::exporter()
             .with_registry(registry.clone())
@@ -136,7 +142,7 @@ impl Gateway {
             .map_err(|e| ConfigError::new(format!("metrics exporter: {e}")))?;
         let meters = SdkMeterProvider::builder().with_reader(exporter).build();
         let meter = meters.meter("tower-llm");
-        let breaker = Breakers::new(&policy, &meter, None)?
+        let breaker = Breakers::new(&config, &meter, None)?
             .ok_or_else(|| ConfigError::new("the breaker could not be built"))?;
         let breaker = Arc::new(Mutex::new(breaker));
         let circuits = circuit_gauge(&meter, &breaker);
@@ -145,11 +151,12 @@ impl Gateway {
         let metrics = Metrics::new(&meter);
         let genai = GenAiMetrics::new(&meter);
         let bulkheads = Bulkheads::default();
-        let idempotency = idempotency_of(&policy, &metrics)?;
+        let idempotency = idempotency_of(&config, &metrics)?;
         let layer = lock(&breaker).layer.clone();
         let hedges = HedgeBudgets::new();
         let routes = build(
-            &policy,
+            policy,
+            settings,
             &layer,
             idempotency.as_ref().map(|(_, l)| l),
             &hedges,
@@ -159,8 +166,8 @@ impl Gateway {
             &keys,
             &bulkheads,
         )?;
-        lock(&breaker).register_circuits(&policy);
-        let server = routes.policy.server;
+        lock(&breaker).register_circuits(policy);
+        let server = settings.server;
         Ok(Arc::new(Gateway {
             routes: ArcSwap::from_pointee(routes),
             breaker,
@@ -192,9 +199,11 @@ impl Gateway {
     /// # Errors
     ///
     /// Why `policy` cannot be served.
-    pub fn reload(&self, policy: Policy) -> Result<(), ConfigError> {
-        policy.validate()?;
-        if policy.server != self.server {
+    pub fn reload(&self, config: impl Into<GatewayConfig>) -> Result<(), ConfigError> {
+        let config = config.into();
+        config.validate()?;
+        let GatewayConfig { policy, settings } = &config;
+        if settings.server != self.server {
             tracing::warn!(
                 target: "gateway",
                 "the [server] section changed: its limits take effect at the next start"
@@ -204,7 +213,7 @@ impl Gateway {
         // store; otherwise the running one (and its circuits) stays.
         let breakers = {
             let running = lock(&self.breaker);
-            Breakers::new(&policy, &self.meter, Some(&running))?
+            Breakers::new(&config, &self.meter, Some(&running))?
         };
         let layer = match &breakers {
             Some(b) => b.layer.clone(),
@@ -217,18 +226,19 @@ impl Gateway {
             let want = policy
                 .idempotency
                 .clone()
-                .map(|c| (c, policy.idempotency_shared.clone()));
+                .map(|c| (c, settings.idempotency_shared.clone()));
             match (&*running, want) {
                 (Some((key, layer)), Some(want)) if *key == want => Some((want, layer.clone())),
                 _ => {
                     drop(running);
-                    idempotency_of(&policy, &self.metrics)?
+                    idempotency_of(&config, &self.metrics)?
                 }
             }
         };
         let hedges = lock(&self.hedges).for_reload();
         let routes = build(
-            &policy,
+            policy,
+            settings,
             &layer,
             idempotency.as_ref().map(|(_, l)| l),
             &hedges,
@@ -242,7 +252,7 @@ impl Gateway {
         if let Some(b) = breakers {
             *running = b;
         }
-        running.register_circuits(&policy);
+        running.register_circuits(policy);
         drop(running);
         *lock(&self.idempotency) = idempotency;
         *lock(&self.hedges) = hedges;
@@ -260,8 +270,8 @@ impl Gateway {
     pub fn reload_from_file(&self, path: &std::path::Path) -> Result<(), String> {
         let result = std::fs::read_to_string(path)
             .map_err(|e| e.to_string())
-            .and_then(|text| Policy::from_toml(&text).map_err(|e| e.to_string()))
-            .and_then(|policy| self.reload(policy).map_err(|e| e.to_string()));
+            .and_then(|text| GatewayConfig::from_toml(&text).map_err(|e| e.to_string()))
+            .and_then(|config| self.reload(config).map_err(|e| e.to_string()));
         match &result {
             Ok(()) => {
                 self.reload_error.store(None);
@@ -278,6 +288,16 @@ impl Gateway {
     /// The policy being served.
     pub fn policy(&self) -> Policy {
         self.routes.load().policy.clone()
+    }
+
+    /// The whole configuration being served: the policy and the
+    /// gateway's settings.
+    pub fn config(&self) -> GatewayConfig {
+        let routes = self.routes.load();
+        GatewayConfig {
+            policy: routes.policy.clone(),
+            settings: routes.settings.clone(),
+        }
     }
 
     /// The server limits the gateway started with.
@@ -326,14 +346,15 @@ impl Breakers {
     /// is (the same `[breaker_shared]` and, under it, the same
     /// `[breaker]`: the store runs the shared threshold with it).
     fn new(
-        policy: &Policy,
+        config: &GatewayConfig,
         meter: &opentelemetry::metrics::Meter,
         running: Option<&Breakers>,
     ) -> Result<Option<Breakers>, ConfigError> {
-        let want = policy
+        let want = config
+            .settings
             .breaker_shared
             .clone()
-            .map(|shared| (shared, policy.breaker));
+            .map(|shared| (shared, config.policy.breaker));
         if let Some(running) = running {
             if running.shared == want {
                 return Ok(None);
@@ -435,16 +456,17 @@ type IdempotencyKey = (IdempotencyConfig, Option<SharedIdempotencyPolicy>);
 /// The idempotency layer of `policy` (none without `[idempotency]`), on
 /// Redis when `[idempotency_shared]` says so (built inside the runtime).
 fn idempotency_of(
-    policy: &Policy,
+    config: &GatewayConfig,
     metrics: &Metrics,
 ) -> Result<Option<(IdempotencyKey, IdempotencyLayer<TenantHeader>)>, ConfigError> {
+    let (policy, shared) = (&config.policy, &config.settings.idempotency_shared);
     let (Some(layer), Some(config)) = (
         policy.idempotency_layer(metrics.clone())?,
         policy.idempotency.clone(),
     ) else {
         return Ok(None);
     };
-    let layer = match &policy.idempotency_shared {
+    let layer = match shared {
         None => layer,
         Some(shared) => {
             let mut builder = tower_llm_idempotency_redis::RedisStore::builder(&shared.redis)
@@ -463,7 +485,7 @@ fn idempotency_of(
             layer.with_store(Arc::new(store))
         }
     };
-    Ok(Some(((config, policy.idempotency_shared.clone()), layer)))
+    Ok(Some(((config, shared.clone()), layer)))
 }
 
 /// `provider_up`: 1 when the provider's last probe answered 2xx, 0

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower_llm::config::Policy;
+use tower_llm_gateway::GatewayConfig;
 use tower_llm_providers::mock::{MockServer, Reply};
 
 mod gateway_support;
@@ -124,18 +125,18 @@ async fn breaker_shared_a_reload_keeps_the_store_unless_its_settings_change() {
     let gw = &h.gateway;
     assert!(poll(Duration::from_secs(5), || async { gw.breaker_shared_up() }).await);
     // Unchanged: the running store (connected) stays.
-    let same = Policy::from_toml(&one_link(&url, &shared)).expect("policy");
+    let same = GatewayConfig::from_toml(&one_link(&url, &shared)).expect("policy");
     gw.reload(same).expect("reload");
     assert!(gw.breaker_shared_up());
     // A changed URL (another prefix): a new store, connecting afresh.
     let other = format!("{shared}\nprefix = \"other:\"");
-    gw.reload(Policy::from_toml(&one_link(&url, &other)).expect("policy"))
+    gw.reload(GatewayConfig::from_toml(&one_link(&url, &other)).expect("policy"))
         .expect("reload");
     assert!(!gw.breaker_shared_up(), "a new store starts unconnected");
     assert!(poll(Duration::from_secs(5), || async { gw.breaker_shared_up() }).await);
     assert_eq!(circuit_state(&h).await, "closed");
     // Without the table: local circuits.
-    gw.reload(Policy::from_toml(&one_link(&url, "")).expect("policy"))
+    gw.reload(GatewayConfig::from_toml(&one_link(&url, "")).expect("policy"))
         .expect("reload");
     assert!(!gw.breaker_shared_up());
 }

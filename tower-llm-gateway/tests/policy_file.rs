@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_llm::config::Policy;
+use tower_llm_gateway::GatewayConfig;
 use tower_llm_providers::mock::{MockServer, Reply};
 
 mod gateway_support;
@@ -49,12 +49,13 @@ fn keys(value: &serde_json::Value, prefix: &str, out: &mut BTreeSet<String>) {
 #[test]
 fn the_readme_reference_sets_every_key_and_loads_as_it_is() {
     let text = readme_policy();
-    let policy = Policy::from_toml(&text).expect("the README's policy loads");
+    let config = GatewayConfig::from_toml(&text).expect("the README's policy loads");
+    let policy = &config.policy;
     // Every key the policy has is written in the reference: serialised, a
     // loaded policy shows each key it holds (unset optional keys are left
     // out, so the reference must set them all to show them).
     let mut all = BTreeSet::new();
-    keys(&serde_json::to_value(&policy).expect("json"), "", &mut all);
+    keys(&serde_json::to_value(&config).expect("json"), "", &mut all);
     let leaves: BTreeSet<&str> = all
         .iter()
         .map(|k| k.rsplit('.').next().unwrap_or(k))
@@ -125,8 +126,8 @@ fn the_readme_reference_sets_every_key_and_loads_as_it_is() {
     assert_eq!(policy.breaker.failure_ratio.map(|r| r.min_calls), Some(20));
     assert!(policy.retry_layer().is_ok());
     // The same policy as JSON loads to the same value.
-    let json = serde_json::to_string(&policy).expect("json");
-    assert_eq!(Policy::from_json(&json).expect("json loads"), policy);
+    let json = serde_json::to_string(&config).expect("json");
+    assert_eq!(GatewayConfig::from_json(&json).expect("json loads"), config);
 }
 
 #[test]
@@ -150,7 +151,9 @@ fn a_misspelt_key_anywhere_is_refused_with_its_path() {
             .unwrap_or_else(|| panic!("{after:?} in the README"));
         let line_end = at + text[at..].find('\n').expect("a line");
         let bad = format!("{}\ntiemout_ms = 1{}", &text[..line_end], &text[line_end..]);
-        let err = Policy::from_toml(&bad).expect_err("refused").to_string();
+        let err = GatewayConfig::from_toml(&bad)
+            .expect_err("refused")
+            .to_string();
         assert!(err.contains(&format!("at {path}:")), "{path}: {err}");
         assert!(err.contains("unknown field `tiemout_ms`"), "{err}");
     }
@@ -159,37 +162,48 @@ fn a_misspelt_key_anywhere_is_refused_with_its_path() {
         "budget = { ttl_ms = 10000,",
         "budget = { ttl_ms = 10000, percnt = 1,",
     );
-    let err = Policy::from_toml(&bad).expect_err("refused").to_string();
+    let err = GatewayConfig::from_toml(&bad)
+        .expect_err("refused")
+        .to_string();
     assert!(err.contains("at retry.budget.percnt:"), "{err}");
-    let err = Policy::from_json(
+    let err = GatewayConfig::from_json(
         r#"{"breaker": {"failure_ratio": {"ratio": 0.5, "min_calls": 1, "window": 5}}}"#,
     )
     .expect_err("refused")
     .to_string();
     assert!(err.contains("at breaker.failure_ratio.window:"), "{err}");
     // A value a layer refuses names its field.
-    let err = Policy::from_toml(&text.replace("cooldown_growth = 1.0", "cooldown_growth = 0.5"))
-        .expect_err("refused")
-        .to_string();
+    let err =
+        GatewayConfig::from_toml(&text.replace("cooldown_growth = 1.0", "cooldown_growth = 0.5"))
+            .expect_err("refused")
+            .to_string();
     assert!(err.contains("breaker.cooldown_growth"), "{err}");
     // In the hedge tables (the hedge layer's own names and checks).
     let bad = text.replace("hedge = { delay_ms = 800,", "hedge = { delay = 800,");
-    let err = Policy::from_toml(&bad).expect_err("refused").to_string();
+    let err = GatewayConfig::from_toml(&bad)
+        .expect_err("refused")
+        .to_string();
     assert!(err.contains("at routes[0].chain[0].hedge.delay:"), "{err}");
     let bad = text.replace("hedge = { delay_ms = 500,", "hedge = { delay_ms = 0,");
-    let err = Policy::from_toml(&bad).expect_err("refused").to_string();
+    let err = GatewayConfig::from_toml(&bad)
+        .expect_err("refused")
+        .to_string();
     assert!(
         err.contains("route \"smart\": hedge: invalid hedge config: `delay_ms`"),
         "{err}"
     );
     let bad = text.replace("ttl_ms = 86400000", "ttl_ms = 0");
-    let err = Policy::from_toml(&bad).expect_err("refused").to_string();
+    let err = GatewayConfig::from_toml(&bad)
+        .expect_err("refused")
+        .to_string();
     assert!(
         err.contains("idempotency: ") && err.contains("ttl_ms"),
         "{err}"
     );
     let bad = text.replace("redis = \"redis://", "redis = \"http://");
-    let err = Policy::from_toml(&bad).expect_err("refused").to_string();
+    let err = GatewayConfig::from_toml(&bad)
+        .expect_err("refused")
+        .to_string();
     assert!(err.contains("breaker_shared.redis"), "{err}");
 }
 
@@ -199,13 +213,13 @@ fn the_shared_breaker_url_s_password_never_shows() {
         "redis = \"redis://127.0.0.1:6379\"",
         "redis = \"redis://:hunter2@127.0.0.1:6379/0\"",
     );
-    let policy = Policy::from_toml(&text).expect("loads");
-    let shared = policy.breaker_shared.as_ref().expect("set");
+    let config = GatewayConfig::from_toml(&text).expect("loads");
+    let shared = config.settings.breaker_shared.as_ref().expect("set");
     assert_eq!(shared.redacted(), "redis://***@127.0.0.1:6379/0");
-    let debug = format!("{policy:?}");
+    let debug = format!("{config:?}");
     assert!(!debug.contains("hunter2"), "{debug}");
     assert!(debug.contains("redis://***@127.0.0.1:6379/0"), "{debug}");
-    let err = Policy::from_toml(&text.replace("redis://:hunter2@", "http://:hunter2@"))
+    let err = GatewayConfig::from_toml(&text.replace("redis://:hunter2@", "http://:hunter2@"))
         .expect_err("refused")
         .to_string();
     assert!(!err.contains("hunter2"), "{err}");
@@ -535,9 +549,9 @@ async fn the_probe_interval_follows_a_reload() {
     tokio::spawn(tower_llm_gateway::probe_loop(h.gateway.clone()));
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(probes(&h.primary), 0, "probes are off by default");
-    let mut p = h.gateway.policy();
-    p.health.probe_interval_ms = 1_000;
-    h.gateway.reload(p).expect("valid");
+    let mut c = h.gateway.config();
+    c.settings.health.probe_interval_ms = 1_000;
+    h.gateway.reload(c).expect("valid");
     tokio::time::sleep(Duration::from_millis(3_500)).await;
     let n = probes(&h.primary);
     assert!((3..=5).contains(&n), "{n} probes in 3.5 s at 1/s");
@@ -668,14 +682,14 @@ async fn breaker_key_credential_opens_every_provider_on_a_failing_key() {
 #[test]
 fn breaker_key_is_checked() {
     let text = readme_policy();
-    let err = Policy::from_toml(&text.replace(
+    let err = GatewayConfig::from_toml(&text.replace(
         "breaker_key = [\"provider\", \"model\"]",
         "breaker_key = []",
     ))
     .expect_err("refused")
     .to_string();
     assert!(err.contains("breaker_key is empty"), "{err}");
-    let err = Policy::from_toml(&text.replace(
+    let err = GatewayConfig::from_toml(&text.replace(
         "breaker_key = [\"provider\", \"model\"]",
         "breaker_key = [\"tenant\"]",
     ))

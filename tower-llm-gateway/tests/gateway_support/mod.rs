@@ -11,14 +11,14 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tower_llm::config::Policy;
 use tower_llm::providers::ApiKey;
 use tower_llm_providers::mock::{MockServer, Reply};
 
-use tower_llm_gateway::{Gateway, KeySource};
+use tower_llm_gateway::{Gateway, GatewayConfig, KeySource};
 
-pub(crate) fn policy(primary: &MockServer, backup: &MockServer, extra: &str) -> Policy {
-    Policy::from_toml(&policy_text(primary, backup, extra, FULL_CHAIN)).expect("valid policy")
+pub(crate) fn policy(primary: &MockServer, backup: &MockServer, extra: &str) -> GatewayConfig {
+    GatewayConfig::from_toml(&policy_text(primary, backup, extra, FULL_CHAIN))
+        .expect("valid policy")
 }
 
 pub(crate) const FULL_CHAIN: &str = r#"[{ provider = "primary", model = "gpt-4o-mini" }, { provider = "backup", model = "claude-x" }]"#;
@@ -92,17 +92,17 @@ pub(crate) async fn start_text(
     text: impl FnOnce(&MockServer, &MockServer) -> String,
 ) -> Harness {
     start_policy(primary, backup, |p, b| {
-        Policy::from_toml(&text(p, b)).expect("valid policy")
+        GatewayConfig::from_toml(&text(p, b)).expect("valid policy")
     })
     .await
 }
 
 /// As [`start`], with the policy made by `policy` from the two mock
 /// providers.
-pub(crate) async fn start_policy(
+pub(crate) async fn start_policy<C: Into<GatewayConfig>>(
     primary: Reply,
     backup: Reply,
-    policy: impl FnOnce(&MockServer, &MockServer) -> Policy,
+    policy: impl FnOnce(&MockServer, &MockServer) -> C,
 ) -> Harness {
     let primary = MockServer::start(primary).await.expect("primary");
     let backup = MockServer::start(backup).await.expect("backup");

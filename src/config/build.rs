@@ -1,0 +1,487 @@
+//! Turning a policy into stacks: the layers, a route's whole stack, the
+//! idempotency layer and the hedge budgets.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower::ServiceBuilder;
+use tower::ServiceExt as _;
+use tower::util::BoxCloneSyncService;
+use tower_llm_breaker::BreakerLayer;
+use tower_llm_core::{
+    ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, Link, Metrics, RecordsAttempts,
+};
+use tower_llm_deadline::DeadlineLayer;
+use tower_llm_fallback::{FallbackLayer, LinkSpec};
+use tower_llm_hedge::{HedgeConfig, HedgeLayer};
+use tower_llm_idempotency::IdempotencyLayer;
+use tower_llm_idempotency::IdempotentAnswer;
+use tower_llm_retry::{RetryConfig, RetryLayer};
+
+use crate::ServiceBuilderExt;
+
+use super::{
+    AdmitRule, ConfigError, HedgeTarget, InboundHeaders, LinkConfig, Policy, ProviderConfig,
+    RouteConfig, RouteService,
+};
+
+/// What a route's stack answers: a unary [`ChatResponse`] or a
+/// [`ChatStream`]. [`degraded`](Self::degraded) builds a route's degraded
+/// answer.
+pub trait RouteAnswer: RecordsAttempts + Send + 'static {
+    /// An answer of `text` in the name of `route` (the provider reads
+    /// `degraded`).
+    fn degraded(route: &str, text: &str) -> Self;
+
+    /// `true` for a degraded answer.
+    fn is_degraded(&self) -> bool;
+}
+
+impl RouteAnswer for ChatResponse {
+    fn degraded(route: &str, text: &str) -> Self {
+        ChatResponse {
+            id: String::from("degraded"),
+            model: route.to_owned(),
+            provider: Arc::from("degraded"),
+            fallback_position: 0,
+            degraded: true,
+            idempotent_replayed: false,
+            choices: vec![tower_llm_core::Choice {
+                index: 0,
+                text: text.to_owned(),
+                tool_calls: Vec::new(),
+                finish_reason: tower_llm_core::FinishReason::Stop,
+            }],
+            usage: tower_llm_core::Usage::default(),
+            latency: Duration::ZERO,
+            attempts: Vec::new(),
+        }
+    }
+
+    fn is_degraded(&self) -> bool {
+        self.degraded
+    }
+}
+
+impl RouteAnswer for ChatStream {
+    fn degraded(route: &str, text: &str) -> Self {
+        let chunk = tower_llm_core::ChatChunk {
+            text: Some(text.to_owned()),
+            finish_reason: Some(tower_llm_core::FinishReason::Stop),
+            ..tower_llm_core::ChatChunk::default()
+        };
+        ChatStream::from_chunks("degraded", route, vec![Ok(chunk)])
+    }
+
+    fn is_degraded(&self) -> bool {
+        ChatStream::is_degraded(self)
+    }
+}
+
+/// The hedge budgets of a policy's links, so each link has one budget
+/// whatever builds it.
+///
+/// A route is built twice (its unary and its streaming stack): both
+/// builds of a link take their hedge budget from here, so the link's
+/// `budget_ratio` holds for its calls of both kinds together. Across a
+/// reload, [`for_reload`](Self::for_reload) carries each budget over while
+/// its route, link, target and hedge settings are unchanged (its spent
+/// hedges still count); a budget nothing asks for again is dropped.
+/// Cloning shares the budgets.
+#[derive(Clone, Default)]
+pub struct HedgeBudgets {
+    inner: Arc<std::sync::Mutex<KeptBudgets>>,
+}
+
+type SharedBudget = Arc<dyn tower_llm_retry::Budget + Send + Sync>;
+
+#[derive(Default)]
+struct KeptBudgets {
+    now: std::collections::HashMap<String, SharedBudget>,
+    before: std::collections::HashMap<String, SharedBudget>,
+}
+
+impl fmt::Debug for HedgeBudgets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HedgeBudgets")
+            .field("links", &self.lock().now.len())
+            .finish()
+    }
+}
+
+impl HedgeBudgets {
+    /// No budgets yet.
+    pub fn new() -> Self {
+        HedgeBudgets::default()
+    }
+
+    /// The budgets for the next build of a policy: each of these that the
+    /// build asks for again (same route, link, target and settings) is
+    /// handed over as it is; the others are dropped with this one.
+    pub fn for_reload(&self) -> HedgeBudgets {
+        let before = self.lock().now.clone();
+        HedgeBudgets {
+            inner: Arc::new(std::sync::Mutex::new(KeptBudgets {
+                now: std::collections::HashMap::new(),
+                before,
+            })),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, KeptBudgets> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The budget of `key`, made from `config` the first time.
+    fn budget(
+        &self,
+        key: String,
+        config: &HedgeConfig,
+    ) -> Result<SharedBudget, tower_llm_hedge::InvalidHedgeConfig> {
+        let mut kept = self.lock();
+        if let Some(budget) = kept.now.get(&key) {
+            return Ok(budget.clone());
+        }
+        let budget = match kept.before.remove(&key) {
+            Some(budget) => budget,
+            None => Arc::new(config.budget()?),
+        };
+        kept.now.insert(key, budget.clone());
+        Ok(budget)
+    }
+}
+
+impl Policy {
+    /// The deadline layer, recording its per-call metrics on `metrics`.
+    pub fn deadline_layer(&self, metrics: Metrics) -> DeadlineLayer {
+        DeadlineLayer::new(self.deadline.total()).with_metrics(metrics)
+    }
+    /// The per-link retry layer (chat classifier).
+    ///
+    /// # Errors
+    ///
+    /// An invalid backoff (never for a validated policy).
+    pub fn retry_layer(&self) -> Result<RetryLayer, ConfigError> {
+        let retry = RetryConfig {
+            min_attempt_ms: Some(self.min_attempt_ms()),
+            ..self.retry
+        };
+        RetryLayer::new()
+            .with_config(&retry)
+            .map_err(|e| ConfigError::new(format!("retry: {e}")))
+    }
+    /// `breaker` with this policy's breaker settings (keep passing the same
+    /// layer, or one sharing its store, so circuits survive a reload).
+    ///
+    /// # Errors
+    ///
+    /// Settings the breaker refuses.
+    pub fn breaker_layer(&self, breaker: BreakerLayer) -> Result<BreakerLayer, ConfigError> {
+        breaker
+            .with_config(self.breaker)
+            .map_err(|e| ConfigError::new(e.to_string()))
+    }
+    /// The stack of `route` as [`resolve`](Self::resolve) makes it:
+    /// deadline → fallback along its chain → per link retry → breaker →
+    /// the provider service `provider` gives for the link's provider and
+    /// the link (called once per link; the model is rewritten to the
+    /// link's; [`ProviderConfig::for_link`] gives the provider with the
+    /// link's own timeouts).
+    ///
+    /// Works for unary (`Res = ChatResponse`) and streaming
+    /// (`Res = ChatStream`) provider services alike.
+    ///
+    /// # Errors
+    ///
+    /// An unknown provider (never for a validated policy) or a chain the
+    /// fallback layer refuses.
+    pub fn build_route<Res>(
+        &self,
+        route: &RouteConfig,
+        breaker: &BreakerLayer,
+        metrics: Metrics,
+        provider: impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
+    ) -> Result<RouteService<Res>, ConfigError>
+    where
+        Res: RouteAnswer + IdempotentAnswer,
+    {
+        let hedges = HedgeBudgets::new();
+        self.build_route_with(route, breaker, metrics, None, &hedges, provider)
+    }
+    /// As [`build_route`](Self::build_route), with `idempotency` (if any)
+    /// just inside the deadline and outside the fallback: deadline →
+    /// **idempotency** → fallback → per link hedge → retry → breaker →
+    /// provider. Pass the same layer (or a clone) on every reload so that
+    /// stored answers survive it. [`Policy::idempotency_layer`] makes one.
+    ///
+    /// The links' hedges take their budgets from `hedges`: pass the same
+    /// one to every build of the route (its unary and its streaming stack)
+    /// so a link has one hedge budget, and
+    /// [`HedgeBudgets::for_reload`] of it on a reload.
+    ///
+    /// # Errors
+    ///
+    /// As [`build_route`](Self::build_route).
+    pub fn build_route_with<Res>(
+        &self,
+        route: &RouteConfig,
+        breaker: &BreakerLayer,
+        metrics: Metrics,
+        idempotency: Option<&IdempotencyLayer<TenantHeader>>,
+        hedges: &HedgeBudgets,
+        mut provider: impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
+    ) -> Result<RouteService<Res>, ConfigError>
+    where
+        Res: RouteAnswer + IdempotentAnswer,
+    {
+        let r = self.resolve(route)?;
+        let min_attempt = r
+            .retry
+            .min_attempt_ms
+            .unwrap_or_else(|| 1_000.min(r.total_ms / 4));
+        let mut retry = RetryLayer::new()
+            .with_config(&RetryConfig {
+                min_attempt_ms: Some(min_attempt),
+                ..r.retry
+            })
+            .map_err(|e| ConfigError::new(format!("route \"{}\": retry: {e}", route.model)))?;
+        if let Some(failures) = r.retry_failures {
+            retry = retry.with_failure_policy(failures);
+        }
+        // Hedge targets outside the chain get breaker keys too.
+        let mut keyed = r.chain.clone();
+        for link in &r.chain {
+            if let Some(HedgeTarget::Link { provider, model }) =
+                link.hedge_to.as_ref().or(route.hedge_to.as_ref())
+            {
+                if !keyed
+                    .iter()
+                    .any(|l| &l.provider == provider && &l.model == model)
+                {
+                    keyed.push(LinkConfig::new(provider.as_str(), model.as_str()));
+                }
+            }
+        }
+        let breaker = breaker
+            .clone()
+            .with_config(r.breaker)
+            .map_err(|e| ConfigError::new(format!("route \"{}\": {e}", route.model)))?
+            .with_key_fn(self.breaker_key_fn(&keyed));
+        let mut links = Vec::with_capacity(r.chain.len());
+        let unknown = |name: &str| ConfigError::new(format!("unknown provider \"{name}\""));
+        // A link's retry → breaker → provider (its overrides keep the
+        // route's retry budget: a clone shares it).
+        let mut link_stack = |link: &LinkConfig| -> Result<RouteService<Res>, ConfigError> {
+            let config = self
+                .provider(&link.provider)
+                .ok_or_else(|| unknown(&link.provider))?;
+            let mut link_retry = retry.clone();
+            if let Some(n) = link.max_attempts {
+                link_retry = link_retry.with_max_attempts(n);
+            }
+            if let Some(ms) = link.attempt_timeout_ms {
+                link_retry = link_retry.with_attempt_timeout(Duration::from_millis(ms));
+            }
+            Ok(BoxCloneSyncService::new(
+                ServiceBuilder::new()
+                    .llm_retry(link_retry)
+                    .llm_breaker(breaker.clone())
+                    .service(provider(config, link)),
+            ))
+        };
+        for (i, link) in r.chain.iter().enumerate() {
+            let inner = link_stack(link)?;
+            // One hedge layer per link, so each learns its own delay; its
+            // budget is the link's, shared by the route's builds.
+            let svc = match link.hedge.as_ref().or(route.hedge.as_ref()) {
+                None => inner,
+                Some(hedge) => {
+                    let at = format!(
+                        "route \"{}\": link {}/{}: hedge",
+                        route.model, link.provider, link.model
+                    );
+                    let target = link
+                        .hedge_to
+                        .as_ref()
+                        .or(route.hedge_to.as_ref())
+                        .unwrap_or(&HedgeTarget::Same);
+                    let target = match target {
+                        HedgeTarget::Next => r.chain.get(i + 1).map(|l| (i + 1, l.clone())),
+                        HedgeTarget::Link { provider, model }
+                            if provider != &link.provider || model != &link.model =>
+                        {
+                            let at = r
+                                .chain
+                                .iter()
+                                .position(|l| &l.provider == provider && &l.model == model);
+                            Some(match at {
+                                Some(at) => (at, r.chain[at].clone()),
+                                None => (i, LinkConfig::new(provider.as_str(), model.as_str())),
+                            })
+                        }
+                        _ => None,
+                    };
+                    let key = format!(
+                        "{}\u{0}{i}\u{0}{}\u{0}{}\u{0}{:?}\u{0}{hedge:?}",
+                        route.model,
+                        link.provider,
+                        link.model,
+                        target.as_ref().map(|(_, l)| (&l.provider, &l.model)),
+                    );
+                    let budget = hedges
+                        .budget(key, hedge)
+                        .map_err(|e| ConfigError::new(format!("{at}: {e}")))?;
+                    let layer = HedgeLayer::new(hedge.clone())
+                        .map_err(|e| ConfigError::new(format!("{at}: {e}")))?
+                        .with_budget(budget)
+                        .with_metrics(metrics.clone());
+                    match target {
+                        None => BoxCloneSyncService::new(
+                            ServiceBuilder::new().llm_hedge(layer).service(inner),
+                        ),
+                        Some((position, to)) => {
+                            let model: Arc<str> = Arc::from(to.model.as_str());
+                            let backup = ServiceBuilder::new()
+                                .map_request(move |mut req: ChatRequest| {
+                                    req.model = model.clone();
+                                    req
+                                })
+                                .service(link_stack(&to)?);
+                            let position = u8::try_from(position).unwrap_or(u8::MAX);
+                            let to = Link::new(to.provider.as_str(), to.model.as_str())
+                                .with_position(position);
+                            BoxCloneSyncService::new(
+                                ServiceBuilder::new()
+                                    .layer(layer.to(to, backup))
+                                    .service(inner),
+                            )
+                        }
+                    }
+                }
+            };
+            let mut spec =
+                LinkSpec::new(link.provider.as_str(), link.model.as_str()).rewrite_model();
+            if link.long_context {
+                spec = spec.serves_long_context();
+            }
+            if link.filtered_content {
+                spec = spec.allows_filtered_content();
+            }
+            if let Some(rule) = link.admit.clone() {
+                spec = spec.with_admission(move |req: &ChatRequest| rule.admits(req));
+            }
+            links.push((spec, svc));
+        }
+        let mut links = links.into_iter();
+        let Some((primary_spec, primary)) = links.next() else {
+            return Err(ConfigError::new(format!(
+                "route \"{}\" has an empty chain",
+                route.model
+            )));
+        };
+        let mut chain = FallbackLayer::builder(primary_spec);
+        for (spec, svc) in links {
+            chain = chain.or(spec, svc);
+        }
+        if let Some(failures) = r.fallback_failures {
+            chain = chain.with_failure_policy(failures);
+        }
+        if let Some(ms) = route.health_ordering_ms {
+            chain = chain.with_health_ordering(Duration::from_millis(ms));
+        }
+        if let Some(text) = r.degraded.clone() {
+            let alias = route.model.clone();
+            chain = chain.with_degraded(move |_| Res::degraded(&alias, &text));
+        }
+        let fallback = chain
+            .build()
+            .map_err(|e| ConfigError::new(format!("route \"{}\": {e}", route.model)))?;
+        let deadline = DeadlineLayer::new(Duration::from_millis(r.total_ms)).with_metrics(metrics);
+        let svc = match idempotency {
+            None => BoxCloneSyncService::new(
+                ServiceBuilder::new()
+                    .layer(deadline)
+                    .llm_fallback(fallback)
+                    .service(primary),
+            ),
+            Some(idempotency) => BoxCloneSyncService::new(
+                ServiceBuilder::new()
+                    .layer(deadline)
+                    .layer(idempotency.clone())
+                    .llm_fallback(fallback)
+                    .service(primary),
+            ),
+        };
+        Ok(match r.degraded_admit {
+            None => svc,
+            Some(rule) => degraded_only_for(svc, rule),
+        })
+    }
+    /// The idempotency layer of `[idempotency]` (none when the table is
+    /// absent), its keys scoped by the [`TENANT_HEADER`] inbound header
+    /// and its replays counted on `metrics`.
+    ///
+    /// # Errors
+    ///
+    /// Settings the layer refuses (never for a validated policy).
+    pub fn idempotency_layer(
+        &self,
+        metrics: Metrics,
+    ) -> Result<Option<IdempotencyLayer<TenantHeader>>, ConfigError> {
+        let Some(config) = &self.idempotency else {
+            return Ok(None);
+        };
+        let layer = IdempotencyLayer::new(config.clone())
+            .map_err(|e| ConfigError::new(format!("idempotency: {e}")))?
+            .with_metrics(metrics)
+            .with_tenant(tenant_header as TenantHeader);
+        Ok(Some(layer))
+    }
+}
+
+/// The inbound header whose value scopes idempotency keys: two tenants
+/// with the same key never share an answer (a request without it is in
+/// the unscoped space).
+pub const TENANT_HEADER: &str = "x-tenant-id";
+
+/// The idempotency tenant of a request: the raw bytes of its inbound
+/// [`TENANT_HEADER`] (from its [`InboundHeaders`]), whatever they are
+/// (`café-lyon` in UTF-8, a Latin-1 byte): a tenant id is opaque, never
+/// dropped for not being ASCII.
+pub type TenantHeader = fn(&ChatRequest) -> Option<Vec<u8>>;
+
+pub(super) fn tenant_header(req: &ChatRequest) -> Option<Vec<u8>> {
+    Some(
+        req.extensions
+            .get::<InboundHeaders>()?
+            .0
+            .get(TENANT_HEADER)?
+            .as_bytes()
+            .to_vec(),
+    )
+}
+
+/// `svc`, whose degraded answers go only to requests `rule` admits; the
+/// others get a failure (`transient`: every link failed) instead.
+fn degraded_only_for<Res: RouteAnswer>(
+    svc: RouteService<Res>,
+    rule: AdmitRule,
+) -> RouteService<Res> {
+    let rule = Arc::new(rule);
+    BoxCloneSyncService::new(tower::service_fn(move |req: ChatRequest| {
+        let allowed = rule.admits(&req);
+        let svc = svc.clone();
+        async move {
+            let res = svc.oneshot(req).await?;
+            if res.is_degraded() && !allowed {
+                return Err(Failure::new(FailureClass::Transient).with_message(
+                    "every link failed, and this request may not get the degraded answer",
+                ));
+            }
+            Ok(res)
+        }
+    }))
+}

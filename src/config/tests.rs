@@ -1,0 +1,269 @@
+use super::build::tenant_header;
+use super::*;
+use tower_llm_breaker::BreakerCount;
+use tower_llm_core::ChatRequest;
+use tower_llm_retry::{Jitter, JitterSpec};
+
+#[test]
+fn an_admission_rule_compares_header_bytes_so_utf8_values_match() {
+    let rule = AdmitRule {
+        header: "x-tenant-region".into(),
+        any_of: vec!["zürich".into()],
+    };
+    let with = |value: &[u8]| {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            "x-tenant-region",
+            http::HeaderValue::from_bytes(value).expect("a header value"),
+        );
+        let mut req = ChatRequest::new("m", vec![]);
+        req.extensions.insert(InboundHeaders(headers));
+        rule.admits(&req)
+    };
+    assert!(with("zürich".as_bytes()));
+    // The same word in Latin-1 is other bytes: not admitted.
+    assert!(!with(b"z\xfcrich"));
+    assert!(!with(b"zurich"));
+}
+
+#[test]
+fn the_tenant_of_a_request_is_its_header_s_raw_bytes() {
+    let with = |value: Option<&[u8]>| {
+        let mut headers = http::HeaderMap::new();
+        if let Some(value) = value {
+            headers.insert(
+                TENANT_HEADER,
+                http::HeaderValue::from_bytes(value).expect("a header value"),
+            );
+        }
+        let mut req = ChatRequest::new("m", vec![]);
+        req.extensions.insert(InboundHeaders(headers));
+        tenant_header(&req)
+    };
+    assert_eq!(
+        with(Some("café-lyon".as_bytes())),
+        Some("café-lyon".as_bytes().to_vec())
+    );
+    assert_eq!(with(Some(b"caf\xe9")), Some(b"caf\xe9".to_vec()));
+    assert_eq!(with(None), None);
+}
+
+const GOOD: &str = r#"
+    [[providers]]
+    name = "a"
+    kind = "openai"
+    api_key_env = "A"
+
+    [[providers]]
+    name = "b"
+    kind = "bedrock"
+
+    [[routes]]
+    model = "smart"
+    chain = [{ provider = "a", model = "x" }, { provider = "b", model = "y" }]
+"#;
+
+fn problems(text: &str) -> Vec<String> {
+    Policy::from_toml(text).unwrap_err().problems().to_vec()
+}
+
+#[test]
+fn a_good_policy_loads_with_defaults_and_round_trips_through_json() {
+    let p = Policy::from_toml(GOOD).expect("valid");
+    assert_eq!(p.deadline.total_ms(), 30_000);
+    assert_eq!(p.retry.attempt_timeout_ms(), 30_000);
+    assert_eq!(p.retry.max_attempts, 3);
+    assert_eq!(p.retry.jitter, JitterSpec::Fraction(0.2));
+    let json = serde_json::to_string(&p).expect("json");
+    assert_eq!(Policy::from_json(&json).expect("valid"), p);
+    assert!(p.retry_layer().is_ok());
+    assert_eq!(p.breaker.consecutive_failures, 5);
+}
+
+#[test]
+fn breaker_count_and_min_attempt_load_from_the_file() {
+    let p = Policy::from_toml(&format!(
+        "[retry]\nmin_attempt_ms = 500\n[breaker]\ncount = \"calls\"\n{GOOD}"
+    ))
+    .expect("valid");
+    assert_eq!(p.retry.min_attempt_ms, Some(500));
+    assert_eq!(p.min_attempt_ms(), 500);
+    assert_eq!(p.breaker.count, BreakerCount::Calls);
+    let defaults = Policy::from_toml(GOOD).expect("valid");
+    assert_eq!(defaults.min_attempt_ms(), 1_000);
+    // A short deadline scales the default down.
+    let short = Policy::from_toml(&format!("[deadline]\ntotal_ms = 1200\n{GOOD}")).expect("valid");
+    assert_eq!(short.min_attempt_ms(), 300);
+    assert_eq!(
+        problems(&format!(
+            "[deadline]\ntotal_ms = 1000\n[retry]\nmin_attempt_ms = 1000\n{GOOD}"
+        )),
+        ["retry.min_attempt_ms (1000) leaves no room for a retry within deadline.total_ms (1000)"]
+    );
+    assert_eq!(defaults.breaker.count, BreakerCount::Attempts);
+    assert!(!problems(&format!("[breaker]\ncount = \"tries\"\n{GOOD}")).is_empty());
+}
+
+#[test]
+fn each_validation_error_is_named() {
+    let unknown = GOOD.replace("provider = \"b\"", "provider = \"c\"");
+    assert_eq!(
+        problems(&unknown),
+        ["route \"smart\": unknown provider \"c\""]
+    );
+    let dup = format!("{GOOD}\n[[providers]]\nname = \"a\"\nkind = \"bedrock\"\n");
+    assert_eq!(problems(&dup), ["duplicate provider \"a\""]);
+    let dup_route = format!(
+        "{GOOD}\n[[routes]]\nmodel = \"smart\"\nchain = [{{ provider = \"a\", model = \"z\" }}]\n"
+    );
+    assert_eq!(problems(&dup_route), ["duplicate route \"smart\""]);
+    let empty = format!("{GOOD}\n[[routes]]\nmodel = \"none\"\nchain = []\n");
+    assert_eq!(problems(&empty), ["route \"none\" has an empty chain"]);
+    let twice = GOOD.replace(
+        "provider = \"b\", model = \"y\"",
+        "provider = \"a\", model = \"x\"",
+    );
+    assert_eq!(problems(&twice), ["route \"smart\": duplicate link a/x"]);
+    let zero = format!("[deadline]\ntotal_ms = 0\n{GOOD}");
+    assert_eq!(problems(&zero), ["deadline.total_ms must be above 0"]);
+    let inverted = format!(
+        "[retry]\nmax_attempts = 3\nattempt_timeout_ms = 1000\nbase_ms = 500\nfactor = 2\nmax_ms = 100\njitter = \"full\"\n{GOOD}"
+    );
+    assert_eq!(
+        problems(&inverted),
+        ["retry.base_ms (500) is above max_ms (100)"]
+    );
+    let long_attempt = format!(
+        "[deadline]\ntotal_ms = 1000\n[retry]\nmax_attempts = 3\nattempt_timeout_ms = 5000\nbase_ms = 1\nfactor = 2\nmax_ms = 10\njitter = 0.1\n{GOOD}"
+    );
+    assert_eq!(
+        problems(&long_attempt),
+        ["retry.attempt_timeout_ms (5000) is longer than deadline.total_ms (1000)"]
+    );
+    let too_many = format!(
+        "[retry]\nmax_attempts = 17\nattempt_timeout_ms = 1000\nbase_ms = 1\nfactor = 2\nmax_ms = 10\njitter = 0.1\n{GOOD}"
+    );
+    assert_eq!(
+        problems(&too_many),
+        ["retry.max_attempts must be 1 to 16, not 17"]
+    );
+    let no_key = GOOD.replace("api_key_env = \"A\"", "");
+    assert_eq!(
+        problems(&no_key),
+        ["provider \"a\": api_key_env is required for Openai"]
+    );
+    let breaker = format!(
+        "[breaker]\nconsecutive_failures = 0\ncooldown_ms = 0\nhalf_open_probes = 1\n{GOOD}"
+    );
+    assert_eq!(
+        problems(&breaker),
+        ["breaker.cooldown_ms must be above zero"]
+    );
+    let bulkhead = GOOD.replace(
+        "api_key_env = \"A\"",
+        "api_key_env = \"A\"\nmax_concurrency = 0",
+    );
+    assert_eq!(
+        problems(&bulkhead),
+        ["provider \"a\": max_concurrency must be above 0"]
+    );
+}
+
+#[test]
+fn syntax_errors_unknown_keys_and_kinds_are_refused_with_their_place() {
+    let typo = GOOD.replace("api_key_env", "api_key_envv");
+    let err = Policy::from_toml(&typo).unwrap_err().to_string();
+    assert!(err.contains("api_key_envv"), "{err}");
+    let kind = GOOD.replace("kind = \"bedrock\"", "kind = \"gemini\"");
+    let err = Policy::from_toml(&kind).unwrap_err().to_string();
+    assert!(err.contains("gemini"), "{err}");
+    let err = Policy::from_toml("[[routes]\n").unwrap_err().to_string();
+    assert!(err.contains("line 1"), "{err}");
+    assert!(Policy::from_json("{\"routes\": 7}").is_err());
+}
+
+#[test]
+fn jitter_names_and_fractions() {
+    for (text, jitter) in [
+        ("0.5", Jitter::Proportional { fraction: 0.5 }),
+        ("\"equal\"", Jitter::Equal),
+        ("\"full\"", Jitter::Full),
+        ("\"none\"", Jitter::None),
+    ] {
+        let t = format!(
+            "[retry]\nmax_attempts = 2\nattempt_timeout_ms = 100\nbase_ms = 1\nfactor = 2\nmax_ms = 10\njitter = {text}\n{GOOD}"
+        );
+        let p = Policy::from_toml(&t).expect("valid");
+        assert_eq!(p.retry.backoff().expect("backoff").jitter(), jitter);
+    }
+    let t = format!(
+        "[retry]\nmax_attempts = 2\nattempt_timeout_ms = 100\nbase_ms = 1\nfactor = 2\nmax_ms = 10\njitter = 1.5\n{GOOD}"
+    );
+    assert!(Policy::from_toml(&t).is_err());
+}
+
+/// Any one key set alone, to a small or a large value, is accepted: a
+/// default never contradicts what a user wrote.
+#[test]
+fn no_single_key_is_refused_because_of_a_default() {
+    let keys = [
+        ("deadline", "total_ms"),
+        ("retry", "attempt_timeout_ms"),
+        ("retry", "base_ms"),
+        ("retry", "max_ms"),
+        ("retry", "min_attempt_ms"),
+        ("breaker", "cooldown_ms"),
+        ("stream", "first_token_timeout_ms"),
+        ("stream", "idle_timeout_ms"),
+    ];
+    for (section, key) in keys {
+        for value in [1_u64, 1_500, 10_000_000] {
+            let text = format!("[{section}]\n{key} = {value}\n{GOOD}");
+            if let Err(e) = Policy::from_toml(&text) {
+                panic!("[{section}] {key} = {value} alone is refused: {e}");
+            }
+        }
+    }
+    // The case the issue names, and what the defaults become.
+    let p = Policy::from_toml(&format!("[deadline]\ntotal_ms = 1500\n{GOOD}")).expect("valid");
+    assert_eq!(p.deadline.total_ms(), 1_500);
+    let p = Policy::from_toml(&format!("[retry]\nbase_ms = 5000\n{GOOD}")).expect("valid");
+    assert_eq!((p.retry.base_ms(), p.retry.max_ms()), (5_000, 5_000));
+    let p = Policy::from_toml(&format!("[retry]\nmax_ms = 50\n{GOOD}")).expect("valid");
+    assert_eq!((p.retry.base_ms(), p.retry.max_ms()), (50, 50));
+    // A contradiction the user wrote is still refused.
+    let both = format!("[deadline]\ntotal_ms = 1500\n[retry]\nattempt_timeout_ms = 5000\n{GOOD}");
+    assert_eq!(
+        problems(&both),
+        ["retry.attempt_timeout_ms (5000) is longer than deadline.total_ms (1500)"]
+    );
+}
+
+#[test]
+fn inbound_headers_never_show_their_values() {
+    let mut h = http::HeaderMap::new();
+    h.insert(
+        "authorization",
+        http::HeaderValue::from_static("Bearer sk-secret"),
+    );
+    let shown = format!("{:?}", InboundHeaders(h));
+    assert_eq!(shown, r#"InboundHeaders(["authorization"])"#);
+}
+
+#[test]
+fn a_policy_without_routes_is_refused() {
+    assert_eq!(problems(""), ["the policy has no routes ([[routes]])"]);
+    let no_routes = GOOD.split("[[routes]]").next().expect("text");
+    assert_eq!(
+        problems(no_routes),
+        ["the policy has no routes ([[routes]])"]
+    );
+    // A host's settings are not the library's: refused by `Policy`.
+    let server = format!("[server]\nmax_in_flight = 10\n{GOOD}");
+    assert!(
+        Policy::from_toml(&server)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown field `server`")
+    );
+}
