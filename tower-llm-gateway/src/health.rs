@@ -11,20 +11,8 @@ use tower::ServiceExt;
 use tower_llm::providers::RequestBody;
 
 use crate::Gateway;
-use crate::state::Transport;
-
-/// The result of the last background probe of a provider.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Probe {
-    /// `true` for a 2xx answer.
-    pub ok: bool,
-    /// The HTTP status, if an answer came.
-    pub status: Option<u16>,
-    /// Round-trip time.
-    pub latency_ms: u64,
-    /// The error, if no answer came.
-    pub error: Option<String>,
-}
+use crate::state::Probe;
+use crate::transport::Transport;
 
 impl Gateway {
     /// Probes every provider with a `health_url` once, concurrently, each

@@ -73,10 +73,12 @@ pub mod demo;
 mod health;
 mod http;
 mod process;
+mod reload;
 mod routes;
 mod server;
 mod state;
 mod status;
+mod stores;
 pub mod telemetry;
 mod transport;
 
@@ -84,8 +86,11 @@ pub use config::{
     GatewayConfig, GatewaySettings, HealthPolicy, ServerPolicy, SharedBreakerPolicy,
     SharedIdempotencyPolicy, SharedRedis,
 };
-pub use health::{Probe, probe_loop};
+pub use health::probe_loop;
 pub use http::MAX_REQUEST_BODY;
 pub use process::{BoundServer, GatewayServer};
+pub use reload::reload_on_change;
+pub use routes::KeySource;
 pub use server::{ConnectionSlots, serve, serve_with_slots};
-pub use state::{Gateway, KeySource, Transport, reload_on_change};
+pub use state::{Gateway, Probe};
+pub use transport::Transport;

@@ -14,10 +14,41 @@ use tower_llm::config::{
     TenantHeader,
 };
 use tower_llm::idempotency::IdempotencyLayer;
-use tower_llm::{ChatRequest, Failure, FailureClass, GenAiMetrics, Metrics};
+use tower_llm::{
+    ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics, Metrics,
+};
 
 use crate::config::GatewaySettings;
-use crate::state::{KeySource, RouteInfo, Routes, Transport};
+use crate::transport::Transport;
+
+/// How a provider's API key is found (the environment, or a fixed key for
+/// the embedded mock providers).
+pub type KeySource = Arc<
+    dyn Fn(&ProviderConfig) -> Result<Option<tower_llm::providers::ApiKey>, ConfigError>
+        + Send
+        + Sync,
+>;
+
+/// The routes of one policy: swapped whole on reload.
+pub(crate) struct Routes {
+    /// The policy they were built from.
+    pub(crate) policy: Policy,
+    /// The gateway's settings read with it.
+    pub(crate) settings: GatewaySettings,
+    pub(crate) unary: HashMap<String, RouteService<ChatResponse>>,
+    pub(crate) stream: HashMap<String, RouteService<ChatStream>>,
+    /// What the handler needs to know of each route.
+    pub(crate) info: HashMap<String, Arc<RouteInfo>>,
+}
+
+/// What the HTTP handler needs to know of a route.
+#[derive(Debug)]
+pub(crate) struct RouteInfo {
+    /// The call's budget (the route's resolved deadline).
+    pub(crate) deadline: Duration,
+    /// The links whose answers need verification: (provider, model).
+    pub(crate) verify: Vec<(String, String)>,
+}
 
 /// Bulkheads by provider name, with their limit.
 pub(crate) type Bulkheads = Mutex<HashMap<String, (usize, Arc<tokio::sync::Semaphore>)>>;

@@ -1,60 +1,34 @@
 //! The gateway's state: the running policy and its routes (swapped whole
-//! on reload), the breaker store that outlives reloads, the metrics
-//! registry, the bulkheads and the server-wide budgets; and the file
-//! watcher that reloads the policy.
-
+//! on reload), the stores that outlive reloads, the metrics registry, the
+//! bulkheads, the probes and the server-wide budgets.
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use tokio::sync::Semaphore;
-use tower_llm::breaker::KeyFn as _;
-use tower_llm::breaker::{BreakerConfig, BreakerHandle, BreakerKey, BreakerLayer, BreakerStore};
-use tower_llm::config::{
-    ConfigError, HedgeBudgets, Policy, ProviderConfig, RouteService, TenantHeader,
-};
-use tower_llm::idempotency::{IdempotencyConfig, IdempotencyLayer};
-use tower_llm::{ChatRequest, ChatResponse, ChatStream, GenAiMetrics, Link, Metrics};
-use tower_llm_breaker_redis::RedisStore;
+use tower_llm::breaker::BreakerHandle;
+use tower_llm::config::{ConfigError, HedgeBudgets, Policy, TenantHeader};
+use tower_llm::idempotency::IdempotencyLayer;
+use tower_llm::{GenAiMetrics, Metrics};
 
-use crate::config::{
-    GatewayConfig, GatewaySettings, ServerPolicy, SharedBreakerPolicy, SharedIdempotencyPolicy,
-};
-use crate::health::Probe;
-use crate::routes::{Bulkheads, build};
+use crate::config::{GatewayConfig, ServerPolicy};
+use crate::routes::{Bulkheads, KeySource, Routes, build};
+use crate::stores::{Breakers, IdempotencyKey, circuit_gauge, idempotency_of, lock};
+use crate::transport::Transport;
 
-/// How a provider's API key is found (the environment, or a fixed key for
-/// the embedded mock providers).
-pub type KeySource = Arc<
-    dyn Fn(&ProviderConfig) -> Result<Option<tower_llm::providers::ApiKey>, ConfigError>
-        + Send
-        + Sync,
->;
-
-pub use crate::transport::Transport;
-
-/// The routes of one policy: swapped whole on reload.
-pub(crate) struct Routes {
-    /// The policy they were built from.
-    pub(crate) policy: Policy,
-    /// The gateway's settings read with it.
-    pub(crate) settings: GatewaySettings,
-    pub(crate) unary: HashMap<String, RouteService<ChatResponse>>,
-    pub(crate) stream: HashMap<String, RouteService<ChatStream>>,
-    /// What the handler needs to know of each route.
-    pub(crate) info: HashMap<String, Arc<RouteInfo>>,
-}
-
-/// What the HTTP handler needs to know of a route.
-#[derive(Debug)]
-pub(crate) struct RouteInfo {
-    /// The call's budget (the route's resolved deadline).
-    pub(crate) deadline: Duration,
-    /// The links whose answers need verification: (provider, model).
-    pub(crate) verify: Vec<(String, String)>,
+/// The result of the last background probe of a provider.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Probe {
+    /// `true` for a 2xx answer.
+    pub ok: bool,
+    /// The HTTP status, if an answer came.
+    pub status: Option<u16>,
+    /// Round-trip time.
+    pub latency_ms: u64,
+    /// The error, if no answer came.
+    pub error: Option<String>,
 }
 
 /// The gateway: the routes of the running policy, the breaker store (one
@@ -321,173 +295,6 @@ impl Gateway {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The gateway's breaker layer and its store.
-pub(crate) struct Breakers {
-    /// The layer every route's links are built with (its store shared).
-    pub(crate) layer: BreakerLayer,
-    /// The shared settings it was built with (none: in memory).
-    shared: Option<(SharedBreakerPolicy, BreakerConfig)>,
-    /// The Redis store, when shared.
-    store: Option<Arc<RedisStore>>,
-    /// `llm_breaker_shared_store_up` and `_dropped`, while this store is
-    /// the gateway's.
-    _metrics: Option<(
-        opentelemetry::metrics::ObservableGauge<i64>,
-        opentelemetry::metrics::ObservableCounter<u64>,
-    )>,
-}
-
-impl Breakers {
-    /// The breakers `policy` asks for, or `None` when `running` already
-    /// is (the same `[breaker_shared]` and, under it, the same
-    /// `[breaker]`: the store runs the shared threshold with it).
-    fn new(
-        config: &GatewayConfig,
-        meter: &opentelemetry::metrics::Meter,
-        running: Option<&Breakers>,
-    ) -> Result<Option<Breakers>, ConfigError> {
-        let want = config
-            .settings
-            .breaker_shared
-            .clone()
-            .map(|shared| (shared, config.policy.breaker));
-        if let Some(running) = running {
-            if running.shared == want {
-                return Ok(None);
-            }
-        }
-        let Some((shared, config)) = want else {
-            return Ok(Some(Breakers {
-                layer: BreakerLayer::new(),
-                shared: None,
-                store: None,
-                _metrics: None,
-            }));
-        };
-        let mut builder = RedisStore::builder(&shared.redis)
-            .map_err(|e| ConfigError::new(format!("breaker_shared.redis: {e}")))?
-            .with_breaker_config(config);
-        if let Some(prefix) = &shared.prefix {
-            builder = builder.with_prefix(prefix.clone());
-        }
-        let store = Arc::new(
-            builder
-                .build()
-                .map_err(|e| ConfigError::new(format!("breaker_shared: {e}")))?,
-        );
-        tracing::info!(target: "gateway", redis = %shared.redacted(), "circuits shared through Redis");
-        let metrics = store.register_metrics(meter);
-        Ok(Some(Breakers {
-            layer: BreakerLayer::new().with_store(store.clone()),
-            shared: Some((shared, config)),
-            store: Some(store),
-            _metrics: Some(metrics),
-        }))
-    }
-
-    /// With a shared store, makes the circuit of every link of every route
-    /// now, so this replica reads the fleet's state of each (an open
-    /// elsewhere is followed, and listed by `GET /health/circuits`) before
-    /// its own first call.
-    fn register_circuits(&self, policy: &Policy) {
-        let Some(store) = &self.store else {
-            return;
-        };
-        for route in &policy.routes {
-            let Ok(resolved) = policy.resolve(route) else {
-                continue;
-            };
-            let keys = policy.breaker_key_fn(&resolved.chain);
-            let probe = ChatRequest::new(route.model.as_str(), Vec::new());
-            for link in &resolved.chain {
-                let key: BreakerKey = keys.key(
-                    &probe,
-                    &Link::new(link.provider.as_str(), link.model.as_str()),
-                );
-                let _ = store.circuit(key);
-            }
-        }
-    }
-}
-
-/// `llm_circuit_state` (0 closed, 1 open, 2 half-open) of the gateway's
-/// current breaker store (it follows a store replaced by a reload).
-fn circuit_gauge(
-    meter: &opentelemetry::metrics::Meter,
-    breakers: &Arc<Mutex<Breakers>>,
-) -> opentelemetry::metrics::ObservableGauge<i64> {
-    let breakers = Arc::downgrade(breakers);
-    meter
-        .i64_observable_gauge("llm_circuit_state")
-        .with_description("Circuit breaker state: 0 closed, 1 open, 2 half-open")
-        .with_callback(move |observer| {
-            let Some(breakers) = breakers.upgrade() else {
-                return;
-            };
-            let handle = lock(&breakers).layer.handle();
-            for circuit in handle.snapshot() {
-                let provider =
-                    opentelemetry::KeyValue::new("provider", circuit.key.provider().to_owned());
-                let model = opentelemetry::KeyValue::new("model", circuit.key.model().to_owned());
-                match circuit.key.scope() {
-                    Some(scope) => observer.observe(
-                        circuit.state.as_gauge(),
-                        &[
-                            provider,
-                            model,
-                            opentelemetry::KeyValue::new("scope", scope.to_owned()),
-                        ],
-                    ),
-                    None => observer.observe(circuit.state.as_gauge(), &[provider, model]),
-                }
-            }
-        })
-        .build()
-}
-
-/// What an idempotency layer was built from: kept across a reload while
-/// both are unchanged.
-type IdempotencyKey = (IdempotencyConfig, Option<SharedIdempotencyPolicy>);
-
-/// The idempotency layer of `policy` (none without `[idempotency]`), on
-/// Redis when `[idempotency_shared]` says so (built inside the runtime).
-fn idempotency_of(
-    config: &GatewayConfig,
-    metrics: &Metrics,
-) -> Result<Option<(IdempotencyKey, IdempotencyLayer<TenantHeader>)>, ConfigError> {
-    let (policy, shared) = (&config.policy, &config.settings.idempotency_shared);
-    let (Some(layer), Some(config)) = (
-        policy.idempotency_layer(metrics.clone())?,
-        policy.idempotency.clone(),
-    ) else {
-        return Ok(None);
-    };
-    let layer = match shared {
-        None => layer,
-        Some(shared) => {
-            let mut builder = tower_llm_idempotency_redis::RedisStore::builder(&shared.redis)
-                .map_err(|e| ConfigError::new(format!("idempotency_shared: {e}")))?;
-            if let Some(prefix) = &shared.prefix {
-                builder = builder.with_prefix(prefix.clone());
-            }
-            let store = builder
-                .build()
-                .map_err(|e| ConfigError::new(format!("idempotency_shared: {e}")))?;
-            tracing::info!(
-                target: "gateway",
-                redis = %shared.redacted(),
-                "idempotent answers are shared on Redis"
-            );
-            layer.with_store(Arc::new(store))
-        }
-    };
-    Ok(Some(((config, shared.clone()), layer)))
-}
-
 /// `provider_up`: 1 when the provider's last probe answered 2xx, 0
 /// otherwise (only providers with a `health_url`, once probed).
 fn provider_up_gauge(
@@ -507,59 +314,4 @@ fn provider_up_gauge(
             }
         })
         .build()
-}
-
-/// What the reload watcher compares: a file's modification time and size.
-type Seen = Option<(SystemTime, u64)>;
-
-fn seen(path: &std::path::Path) -> Seen {
-    std::fs::metadata(path)
-        .ok()
-        .and_then(|m| Some((m.modified().ok()?, m.len())))
-}
-
-/// Reloads the policy on SIGHUP and when the file changes (checked every
-/// second). A changed file is read once it has stayed unchanged for
-/// `server.reload_settle_ms` (so a writer that truncates and then rewrites
-/// is never caught half-way); a file that does not parse or validate (an
-/// empty one, one without routes) is logged and refused, and the running
-/// policy stays. Calls in flight are never dropped: each keeps the routes
-/// it started with.
-pub async fn reload_on_change(gateway: Arc<Gateway>, path: std::path::PathBuf) {
-    let settle = gateway.server.reload_settle();
-    let mut last = seen(&path);
-    #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        #[cfg(unix)]
-        let signalled = async {
-            match hup.as_mut() {
-                Some(h) => h.recv().await.is_some(),
-                None => std::future::pending().await,
-            }
-        };
-        #[cfg(not(unix))]
-        let signalled = std::future::pending::<bool>();
-        let forced = tokio::select! {
-            _ = tick.tick() => false,
-            s = signalled => s,
-        };
-        let mut now = seen(&path);
-        if !forced && now == last {
-            continue;
-        }
-        // Wait for the writer to finish: unchanged for a whole settle time.
-        loop {
-            tokio::time::sleep(settle).await;
-            let again = seen(&path);
-            if again == now {
-                break;
-            }
-            now = again;
-        }
-        last = now;
-        // Logged and shown on `GET /status` by `reload_from_file`.
-        let _ = gateway.reload_from_file(&path);
-    }
 }

@@ -12,7 +12,7 @@ use tower_llm::providers::openai::server::{
 };
 use tower_llm::{AttemptOutcome, AttemptRecord, Failure};
 
-use crate::state::RouteInfo;
+use crate::routes::RouteInfo;
 
 /// An OpenAI-shaped error answer.
 pub(super) fn error(status: StatusCode, message: &str, kind: &str, code: Option<&str>) -> Response {

@@ -12,8 +12,8 @@ use tokio::time::Instant;
 use tower_llm::providers::openai::server::{SseFrames, sse_error_event};
 use tower_llm::{ChatStream, Failure};
 
+use crate::routes::RouteInfo;
 use crate::server::Connection;
-use crate::state::RouteInfo;
 
 use super::answer::{Held, insert_answer_flags, insert_attempts, now_unix};
 

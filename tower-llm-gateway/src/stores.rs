@@ -1,0 +1,180 @@
+//! The gateway's stores: the breaker layer and its store (in memory, or
+//! shared on Redis), the idempotency layer (likewise), and their gauges.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tower_llm::breaker::KeyFn as _;
+use tower_llm::breaker::{BreakerConfig, BreakerKey, BreakerLayer, BreakerStore};
+use tower_llm::config::{ConfigError, Policy, TenantHeader};
+use tower_llm::idempotency::{IdempotencyConfig, IdempotencyLayer};
+use tower_llm::{ChatRequest, Link, Metrics};
+use tower_llm_breaker_redis::RedisStore;
+
+use crate::config::{GatewayConfig, SharedBreakerPolicy, SharedIdempotencyPolicy};
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The gateway's breaker layer and its store.
+pub(crate) struct Breakers {
+    /// The layer every route's links are built with (its store shared).
+    pub(crate) layer: BreakerLayer,
+    /// The shared settings it was built with (none: in memory).
+    shared: Option<(SharedBreakerPolicy, BreakerConfig)>,
+    /// The Redis store, when shared.
+    pub(crate) store: Option<Arc<RedisStore>>,
+    /// `llm_breaker_shared_store_up` and `_dropped`, while this store is
+    /// the gateway's.
+    _metrics: Option<(
+        opentelemetry::metrics::ObservableGauge<i64>,
+        opentelemetry::metrics::ObservableCounter<u64>,
+    )>,
+}
+
+impl Breakers {
+    /// The breakers `policy` asks for, or `None` when `running` already
+    /// is (the same `[breaker_shared]` and, under it, the same
+    /// `[breaker]`: the store runs the shared threshold with it).
+    pub(crate) fn new(
+        config: &GatewayConfig,
+        meter: &opentelemetry::metrics::Meter,
+        running: Option<&Breakers>,
+    ) -> Result<Option<Breakers>, ConfigError> {
+        let want = config
+            .settings
+            .breaker_shared
+            .clone()
+            .map(|shared| (shared, config.policy.breaker));
+        if let Some(running) = running {
+            if running.shared == want {
+                return Ok(None);
+            }
+        }
+        let Some((shared, config)) = want else {
+            return Ok(Some(Breakers {
+                layer: BreakerLayer::new(),
+                shared: None,
+                store: None,
+                _metrics: None,
+            }));
+        };
+        let mut builder = RedisStore::builder(&shared.redis)
+            .map_err(|e| ConfigError::new(format!("breaker_shared.redis: {e}")))?
+            .with_breaker_config(config);
+        if let Some(prefix) = &shared.prefix {
+            builder = builder.with_prefix(prefix.clone());
+        }
+        let store = Arc::new(
+            builder
+                .build()
+                .map_err(|e| ConfigError::new(format!("breaker_shared: {e}")))?,
+        );
+        tracing::info!(target: "gateway", redis = %shared.redacted(), "circuits shared through Redis");
+        let metrics = store.register_metrics(meter);
+        Ok(Some(Breakers {
+            layer: BreakerLayer::new().with_store(store.clone()),
+            shared: Some((shared, config)),
+            store: Some(store),
+            _metrics: Some(metrics),
+        }))
+    }
+
+    /// With a shared store, makes the circuit of every link of every route
+    /// now, so this replica reads the fleet's state of each (an open
+    /// elsewhere is followed, and listed by `GET /health/circuits`) before
+    /// its own first call.
+    pub(crate) fn register_circuits(&self, policy: &Policy) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        for route in &policy.routes {
+            let Ok(resolved) = policy.resolve(route) else {
+                continue;
+            };
+            let keys = policy.breaker_key_fn(&resolved.chain);
+            let probe = ChatRequest::new(route.model.as_str(), Vec::new());
+            for link in &resolved.chain {
+                let key: BreakerKey = keys.key(
+                    &probe,
+                    &Link::new(link.provider.as_str(), link.model.as_str()),
+                );
+                let _ = store.circuit(key);
+            }
+        }
+    }
+}
+
+/// `llm_circuit_state` (0 closed, 1 open, 2 half-open) of the gateway's
+/// current breaker store (it follows a store replaced by a reload).
+pub(crate) fn circuit_gauge(
+    meter: &opentelemetry::metrics::Meter,
+    breakers: &Arc<Mutex<Breakers>>,
+) -> opentelemetry::metrics::ObservableGauge<i64> {
+    let breakers = Arc::downgrade(breakers);
+    meter
+        .i64_observable_gauge("llm_circuit_state")
+        .with_description("Circuit breaker state: 0 closed, 1 open, 2 half-open")
+        .with_callback(move |observer| {
+            let Some(breakers) = breakers.upgrade() else {
+                return;
+            };
+            let handle = lock(&breakers).layer.handle();
+            for circuit in handle.snapshot() {
+                let provider =
+                    opentelemetry::KeyValue::new("provider", circuit.key.provider().to_owned());
+                let model = opentelemetry::KeyValue::new("model", circuit.key.model().to_owned());
+                match circuit.key.scope() {
+                    Some(scope) => observer.observe(
+                        circuit.state.as_gauge(),
+                        &[
+                            provider,
+                            model,
+                            opentelemetry::KeyValue::new("scope", scope.to_owned()),
+                        ],
+                    ),
+                    None => observer.observe(circuit.state.as_gauge(), &[provider, model]),
+                }
+            }
+        })
+        .build()
+}
+
+/// What an idempotency layer was built from: kept across a reload while
+/// both are unchanged.
+pub(crate) type IdempotencyKey = (IdempotencyConfig, Option<SharedIdempotencyPolicy>);
+
+/// The idempotency layer of `policy` (none without `[idempotency]`), on
+/// Redis when `[idempotency_shared]` says so (built inside the runtime).
+pub(crate) fn idempotency_of(
+    config: &GatewayConfig,
+    metrics: &Metrics,
+) -> Result<Option<(IdempotencyKey, IdempotencyLayer<TenantHeader>)>, ConfigError> {
+    let (policy, shared) = (&config.policy, &config.settings.idempotency_shared);
+    let (Some(layer), Some(config)) = (
+        policy.idempotency_layer(metrics.clone())?,
+        policy.idempotency.clone(),
+    ) else {
+        return Ok(None);
+    };
+    let layer = match shared {
+        None => layer,
+        Some(shared) => {
+            let mut builder = tower_llm_idempotency_redis::RedisStore::builder(&shared.redis)
+                .map_err(|e| ConfigError::new(format!("idempotency_shared: {e}")))?;
+            if let Some(prefix) = &shared.prefix {
+                builder = builder.with_prefix(prefix.clone());
+            }
+            let store = builder
+                .build()
+                .map_err(|e| ConfigError::new(format!("idempotency_shared: {e}")))?;
+            tracing::info!(
+                target: "gateway",
+                redis = %shared.redacted(),
+                "idempotent answers are shared on Redis"
+            );
+            layer.with_store(Arc::new(store))
+        }
+    };
+    Ok(Some(((config, shared.clone()), layer)))
+}
