@@ -15,10 +15,10 @@ use tower_llm_core::{
 };
 use tower_service::Service;
 
-use crate::secret::Scrub;
+use crate::failure::Scrub;
+use crate::failure::{build_error, error_envelope, error_failure, invalid_json};
 use crate::transport::{
-    Answer, DEFAULT_MAX_BODY, RequestBody, build_error, error_envelope, error_failure,
-    invalid_json, poll_transport, round_trip, take_ready,
+    Answer, DEFAULT_MAX_BODY, RequestBody, poll_transport, round_trip, take_ready,
 };
 use crate::wire::{data_url, merge_turns, secret_header, tool_input, tool_schema, turn};
 use crate::{ApiKey, ProviderFuture};
@@ -194,7 +194,7 @@ fn request(
     if let Some(obj) = body.as_object_mut() {
         obj.insert("stream".into(), Value::Bool(stream));
     }
-    let body = crate::to_json(PROVIDER, &body)?;
+    let body = crate::failure::to_json(PROVIDER, &body)?;
     http::Request::post(format!("{}/v1/messages", config.base_url))
         .header(CONTENT_TYPE, "application/json")
         .header(

@@ -17,11 +17,11 @@ use tower_llm_core::{
 };
 use tower_service::Service;
 
-use crate::secret::Scrub;
+use crate::failure::Scrub;
+use crate::failure::{ErrorBody, error_failure, invalid, invalid_json};
 use crate::stream::StreamItem;
 use crate::transport::{
-    Answer, DEFAULT_MAX_BODY, ErrorBody, RequestBody, error_failure, invalid, invalid_json,
-    poll_transport, round_trip, take_ready,
+    Answer, DEFAULT_MAX_BODY, RequestBody, poll_transport, round_trip, take_ready,
 };
 use crate::wire::{data_url, merge_turns, tool_input, tool_schema, turn};
 use crate::{ApiKey, ProviderFuture};
@@ -586,7 +586,7 @@ fn signed(
     use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
     use aws_sigv4::sign::v4;
 
-    let body = crate::to_json(PROVIDER, &encode(req)?)?;
+    let body = crate::failure::to_json(PROVIDER, &encode(req)?)?;
     let uri = format!(
         "{}/model/{}/{action}",
         config.endpoint,

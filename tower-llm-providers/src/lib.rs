@@ -99,10 +99,11 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use tower_llm_core::{ChatResponse, Failure, FailureClass};
+use tower_llm_core::{ChatResponse, Failure};
 
 pub mod anthropic;
 pub mod bedrock;
+mod failure;
 #[cfg(feature = "https")]
 pub mod https;
 #[cfg(feature = "mock")]
@@ -116,20 +117,12 @@ mod wire;
 
 pub use anthropic::{Anthropic, AnthropicConfig};
 pub use bedrock::{AwsCredentials, Bedrock, BedrockConfig};
+pub use failure::MAX_MESSAGE;
 pub use openai::{OpenAi, OpenAiConfig, OpenAiEmbeddings};
 pub use secret::ApiKey;
 pub use streaming::{StreamFuture, StreamSource, StreamTimeouts, Streaming};
-pub use transport::{DEFAULT_MAX_BODY, MAX_MESSAGE, RequestBody};
+pub use transport::{DEFAULT_MAX_BODY, RequestBody};
 
 /// The response future of the provider services: boxed, since a provider
 /// call is one network round trip (a layer's hot path is never boxed).
 pub type ProviderFuture = Pin<Box<dyn Future<Output = Result<ChatResponse, Failure>> + Send>>;
-
-/// Serialises a request body; a failure here is the caller's request.
-fn to_json(provider: &'static str, body: &serde_json::Value) -> Result<Vec<u8>, Failure> {
-    serde_json::to_vec(body).map_err(|e| {
-        Failure::new(FailureClass::BadRequest)
-            .with_provider(provider)
-            .with_message(format!("cannot encode the request: {e}"))
-    })
-}

@@ -15,10 +15,10 @@ use tower_llm_core::{
 };
 use tower_service::Service;
 
-use crate::secret::Scrub;
+use crate::failure::Scrub;
+use crate::failure::{build_error, error_envelope, error_failure, invalid, invalid_json};
 use crate::transport::{
-    Answer, DEFAULT_MAX_BODY, RequestBody, build_error, error_envelope, error_failure, invalid,
-    invalid_json, poll_transport, round_trip, take_ready,
+    Answer, DEFAULT_MAX_BODY, RequestBody, poll_transport, round_trip, take_ready,
 };
 use crate::wire::{secret_header, tool_schema};
 use crate::{ApiKey, ProviderFuture};
@@ -169,7 +169,7 @@ where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let body = crate::to_json(
+    let body = crate::failure::to_json(
         PROVIDER,
         &encode_body(req, config.max_completion_tokens, false),
     )?;
@@ -221,7 +221,7 @@ where
         let config = self.config.clone();
         let metrics = self.metrics.clone();
         Box::pin(async move {
-            let body = crate::to_json(
+            let body = crate::failure::to_json(
                 PROVIDER,
                 &encode_body(&req, config.max_completion_tokens, true),
             )?;
@@ -587,7 +587,7 @@ where
             if let (Some(d), Some(obj)) = (req.dimensions, body.as_object_mut()) {
                 obj.insert("dimensions".into(), json!(d));
             }
-            let body = crate::to_json(PROVIDER, &body)?;
+            let body = crate::failure::to_json(PROVIDER, &body)?;
             let http_req = post(&config, "embeddings", body)?;
             let Answer {
                 parts,
@@ -732,7 +732,7 @@ pub mod server {
 
     fn bad(message: impl Into<String>) -> Failure {
         Failure::new(FailureClass::BadRequest)
-            .with_message(crate::transport::bounded(&message.into()))
+            .with_message(crate::failure::bounded(&message.into()))
     }
 
     /// Reads an OpenAI Chat Completions request body into a

@@ -94,7 +94,7 @@ use tower_llm_core::{
 use tower_service::Service;
 
 use crate::RequestBody;
-use crate::secret::Scrub;
+use crate::failure::Scrub;
 use crate::stream::{SseEvent, SseParser, StreamItem};
 use crate::transport::read_body;
 
