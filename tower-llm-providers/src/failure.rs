@@ -2,6 +2,7 @@
 //! and body, or raised for an answer we cannot use; every upstream text
 //! kept in one is scrubbed of the secrets sent and bounded.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use http::{HeaderMap, StatusCode};
@@ -46,34 +47,69 @@ pub(crate) fn bounded(message: &str) -> String {
     format!("{}…", &message[..end])
 }
 
-/// What a provider's error body said, as far as classification goes.
+/// What a provider's error answer said, as far as classification goes:
+/// its error type, its code and its message. A
+/// [`Dialect`](crate::Dialect) reads it from the answer
+/// ([`Dialect::error_body`](crate::Dialect::error_body)) and sharpens the
+/// status's class from it ([`Dialect::classify`](crate::Dialect::classify)).
 /// Strings borrow from the body unless they hold JSON escapes.
-#[derive(Debug, Default, serde::Deserialize)]
-pub(crate) struct ErrorBody<'a> {
+///
+/// ```
+/// use tower_llm_providers::dialect::ErrorBody;
+///
+/// let body = br#"{"error": {"type": "rate_limit_error", "message": "slow down"}}"#;
+/// let e = ErrorBody::envelope(body);
+/// assert_eq!(e.kind(), Some("rate_limit_error"));
+/// assert_eq!(e.code(), None);
+/// assert_eq!(e.message(), "slow down");
+/// assert_eq!(ErrorBody::envelope(b"<html>").message(), "");
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+pub struct ErrorBody<'a> {
     /// `error.type` (OpenAI, Anthropic) or the AWS error name.
     #[serde(borrow, default, rename = "type")]
-    pub(crate) kind: Option<std::borrow::Cow<'a, str>>,
+    pub(crate) kind: Option<Cow<'a, str>>,
     /// `error.code` (OpenAI).
     #[serde(borrow, default)]
-    pub(crate) code: Option<std::borrow::Cow<'a, str>>,
+    pub(crate) code: Option<Cow<'a, str>>,
     /// The human message.
     #[serde(borrow, default)]
-    pub(crate) message: Option<std::borrow::Cow<'a, str>>,
+    pub(crate) message: Option<Cow<'a, str>>,
 }
 
-impl ErrorBody<'_> {
-    /// `error.type` as a string slice.
-    pub(crate) fn kind(&self) -> Option<&str> {
+impl<'a> ErrorBody<'a> {
+    /// An error of type `kind`, with `code` and `message`.
+    pub fn new(
+        kind: Option<Cow<'a, str>>,
+        code: Option<Cow<'a, str>>,
+        message: Option<Cow<'a, str>>,
+    ) -> Self {
+        ErrorBody {
+            kind,
+            code,
+            message,
+        }
+    }
+
+    /// The `{"error": {"type", "code", "message"}}` envelope of OpenAI
+    /// and Anthropic error bodies (and of the servers that copy them),
+    /// read leniently: garbage gives an empty body.
+    pub fn envelope(body: &'a [u8]) -> Self {
+        error_envelope(body)
+    }
+
+    /// The error's type (`error.type`, or the AWS error name).
+    pub fn kind(&self) -> Option<&str> {
         self.kind.as_deref()
     }
 
-    /// `error.code` as a string slice.
-    pub(crate) fn code(&self) -> Option<&str> {
+    /// The error's code (`error.code`).
+    pub fn code(&self) -> Option<&str> {
         self.code.as_deref()
     }
 
     /// The message, or `""`.
-    pub(crate) fn message(&self) -> &str {
+    pub fn message(&self) -> &str {
         self.message.as_deref().unwrap_or_default()
     }
 }

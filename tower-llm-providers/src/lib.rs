@@ -1,6 +1,6 @@
 //! OpenAI, Anthropic and AWS Bedrock chat services for tower-llm: one request type
 //! ([`ChatRequest`](tower_llm_core::ChatRequest)), one normalised answer
-//! ([`ChatResponse`]), and provider errors
+//! ([`ChatResponse`](tower_llm_core::ChatResponse)), and provider errors
 //! classified from status, headers and body so that retry, breaker and
 //! fallback decide correctly.
 //!
@@ -96,19 +96,16 @@
 //!   time) and `mock::MockServer` (real loopback HTTP with scripted
 //!   faults). Off by default.
 
-use std::future::Future;
-use std::pin::Pin;
-
-use tower_llm_core::{ChatResponse, Failure};
-
 pub mod anthropic;
 pub mod bedrock;
+pub mod dialect;
 mod failure;
 #[cfg(feature = "https")]
 pub mod https;
 #[cfg(feature = "mock")]
 pub mod mock;
 pub mod openai;
+mod provider;
 mod secret;
 pub mod stream;
 pub mod streaming;
@@ -117,12 +114,10 @@ mod wire;
 
 pub use anthropic::{Anthropic, AnthropicConfig};
 pub use bedrock::{AwsCredentials, Bedrock, BedrockConfig};
+pub use dialect::Dialect;
 pub use failure::MAX_MESSAGE;
 pub use openai::{OpenAi, OpenAiConfig, OpenAiEmbeddings};
+pub use provider::{Provider, ProviderFuture};
 pub use secret::ApiKey;
 pub use streaming::{StreamFuture, StreamSource, StreamTimeouts, Streaming};
 pub use transport::{DEFAULT_MAX_BODY, RequestBody};
-
-/// The response future of the provider services: boxed, since a provider
-/// call is one network round trip (a layer's hot path is never boxed).
-pub type ProviderFuture = Pin<Box<dyn Future<Output = Result<ChatResponse, Failure>> + Send>>;

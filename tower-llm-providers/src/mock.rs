@@ -26,7 +26,7 @@ use std::future::Future as _;
 use tower_llm_core::BoxError;
 use tower_service::Service;
 
-use crate::RequestBody;
+use crate::transport::RequestBody;
 
 /// One scripted reply.
 #[derive(Debug, Clone)]
@@ -464,17 +464,17 @@ impl ScriptedTransport {
 
     /// An OpenAI-format provider over this transport (key `mock`).
     pub fn openai(&self) -> ScriptedProvider {
-        crate::OpenAi::new(
+        crate::openai::OpenAi::new(
             self.clone(),
-            crate::OpenAiConfig::new(crate::ApiKey::new("mock")),
+            crate::openai::OpenAiConfig::new(crate::secret::ApiKey::new("mock")),
         )
     }
 
     /// An Anthropic-format provider over this transport (key `mock`).
-    pub fn anthropic(&self) -> crate::Anthropic<ScriptedTransport> {
-        crate::Anthropic::new(
+    pub fn anthropic(&self) -> crate::anthropic::Anthropic<ScriptedTransport> {
+        crate::anthropic::Anthropic::new(
             self.clone(),
-            crate::AnthropicConfig::new(crate::ApiKey::new("mock")),
+            crate::anthropic::AnthropicConfig::new(crate::secret::ApiKey::new("mock")),
         )
     }
 }
@@ -482,7 +482,7 @@ impl ScriptedTransport {
 /// An in-process provider playing a script: OpenAI's wire format over a
 /// [`ScriptedTransport`], so encoding, decoding and error classification
 /// all run for real. Build one with [`ScriptedTransport::openai`].
-pub type ScriptedProvider = crate::OpenAi<ScriptedTransport>;
+pub type ScriptedProvider = crate::openai::OpenAi<ScriptedTransport>;
 
 /// The response body of the doubles.
 #[derive(Debug)]

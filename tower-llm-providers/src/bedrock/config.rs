@@ -4,7 +4,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::failure::Scrub;
 use crate::secret::ApiKey;
 use crate::transport::DEFAULT_MAX_BODY;
 
@@ -70,7 +69,9 @@ impl fmt::Debug for AwsCredentials {
     }
 }
 
-/// Settings of a [`Bedrock`] service.
+/// Settings of a [`Bedrock`](crate::Bedrock) service, and the Bedrock
+/// [`Dialect`](crate::Dialect): `Bedrock::new(transport, config)` is
+/// [`Provider::new`](crate::Provider::new) with this dialect.
 ///
 /// ```
 /// use tower_llm_providers::{AwsCredentials, BedrockConfig};
@@ -130,17 +131,5 @@ impl BedrockConfig {
     /// The region.
     pub fn region(&self) -> &str {
         &self.region
-    }
-
-    /// The secrets to remove from upstream text: the access key id (sent
-    /// in `Authorization`), the session token (sent as
-    /// `x-amz-security-token`) and the secret key.
-    pub(crate) fn scrub(&self) -> Scrub {
-        let c = &self.credentials;
-        Scrub::new(
-            [c.access_key_id.as_str(), c.secret_access_key.expose()]
-                .into_iter()
-                .chain(c.session_token.as_ref().map(ApiKey::expose)),
-        )
     }
 }

@@ -1,5 +1,6 @@
 //! Converse: the request body, the answer and the error answers.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use http::{HeaderMap, StatusCode};
@@ -277,58 +278,65 @@ pub(super) struct WireError<'a> {
     kind: Option<std::borrow::Cow<'a, str>>,
 }
 
-/// The AWS error name: the `x-amzn-ErrorType` header (or the body's
-/// `__type`), up to its first `:` (and after any `#` namespace).
-fn error_name<'a>(headers: &'a HeaderMap, body_kind: Option<&'a str>) -> Option<&'a str> {
-    let raw = headers
+/// The AWS error name in `raw` (an `x-amzn-ErrorType` header or a body's
+/// `__type`): up to its first `:`, after any `#` namespace.
+fn error_name(raw: &str) -> &str {
+    let name = raw.split(':').next().unwrap_or(raw);
+    name.rsplit('#').next().unwrap_or(name).trim()
+}
+
+/// What a Bedrock error answer says: the AWS error name from the
+/// `x-amzn-ErrorType` header (or the body's `__type`), and the body's
+/// `message` (or `Message`). Garbage gives an empty body.
+pub(super) fn error_body<'a>(headers: &'a HeaderMap, body: &'a [u8]) -> ErrorBody<'a> {
+    let e: WireError<'a> = serde_json::from_slice(body).unwrap_or_default();
+    let kind = match headers
         .get("x-amzn-errortype")
         .and_then(|v| v.to_str().ok())
-        .or(body_kind)?;
-    let name = raw.split(':').next().unwrap_or(raw);
-    Some(name.rsplit('#').next().unwrap_or(name).trim())
+    {
+        Some(raw) => Some(Cow::Borrowed(error_name(raw))),
+        None => e.kind.map(|raw| match raw {
+            Cow::Borrowed(raw) => Cow::Borrowed(error_name(raw)),
+            Cow::Owned(raw) => Cow::Owned(error_name(&raw).to_owned()),
+        }),
+    };
+    ErrorBody::new(kind, None, e.message)
 }
 
 /// Classifies a Bedrock error answer (a non-2xx status with its headers and
 /// body). Garbage leaves the status's class.
 pub fn decode_error(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Failure {
-    decode_error_scrubbed(status, headers, body, &Scrub::none())
+    error_failure(
+        PROVIDER,
+        status,
+        headers,
+        &error_body(headers, body),
+        &Scrub::none(),
+        classify,
+    )
 }
 
-/// As [`decode_error`], removing the credentials of `scrub` from the
-/// provider's message.
-pub(super) fn decode_error_scrubbed(
-    status: StatusCode,
-    headers: &HeaderMap,
-    body: &[u8],
-    scrub: &Scrub,
-) -> Failure {
-    let e: WireError<'_> = serde_json::from_slice(body).unwrap_or_default();
-    let parsed = ErrorBody {
-        kind: error_name(headers, e.kind.as_deref()).map(std::borrow::Cow::Borrowed),
-        code: None,
-        message: e.message,
-    };
-    error_failure(PROVIDER, status, headers, &parsed, scrub, |class, b| {
-        let message = b.message().to_ascii_lowercase();
-        match b.kind() {
-            Some("ThrottlingException") => FailureClass::RateLimited,
-            Some(
-                "ServiceUnavailableException"
-                | "InternalServerException"
-                | "ModelNotReadyException"
-                | "ModelErrorException",
-            ) => FailureClass::Transient,
-            Some("ModelTimeoutException") => FailureClass::Timeout,
-            Some("ValidationException") if is_context_window(&message) => {
-                FailureClass::ContextWindowExceeded
-            }
-            Some("ValidationException") => FailureClass::BadRequest,
-            Some(
-                "AccessDeniedException" | "UnrecognizedClientException" | "ExpiredTokenException",
-            ) => FailureClass::Auth,
-            Some("ResourceNotFoundException") => FailureClass::NotFound,
-            Some("ServiceQuotaExceededException") => FailureClass::QuotaExhausted,
-            _ => class,
+/// Sharpens the status's class from the AWS error name.
+pub(super) fn classify(class: FailureClass, b: &ErrorBody<'_>) -> FailureClass {
+    let message = b.message().to_ascii_lowercase();
+    match b.kind() {
+        Some("ThrottlingException") => FailureClass::RateLimited,
+        Some(
+            "ServiceUnavailableException"
+            | "InternalServerException"
+            | "ModelNotReadyException"
+            | "ModelErrorException",
+        ) => FailureClass::Transient,
+        Some("ModelTimeoutException") => FailureClass::Timeout,
+        Some("ValidationException") if is_context_window(&message) => {
+            FailureClass::ContextWindowExceeded
         }
-    })
+        Some("ValidationException") => FailureClass::BadRequest,
+        Some("AccessDeniedException" | "UnrecognizedClientException" | "ExpiredTokenException") => {
+            FailureClass::Auth
+        }
+        Some("ResourceNotFoundException") => FailureClass::NotFound,
+        Some("ServiceQuotaExceededException") => FailureClass::QuotaExhausted,
+        _ => class,
+    }
 }

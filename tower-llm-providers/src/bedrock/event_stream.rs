@@ -7,12 +7,19 @@ use super::config::PROVIDER;
 use super::converse::{WireError, WireUsage, finish_reason, is_context_window, usage};
 use crate::failure::{Scrub, invalid, invalid_json};
 use crate::stream::StreamItem;
+use crate::streaming::wire::Wire;
 
-/// Bedrock's `application/vnd.amazon.eventstream` framing: length-prefixed
-/// binary messages with CRC-32 checksums, decoded (and checked) by
-/// `aws-smithy-eventstream`; payloads are JSON.
+/// The [`Wire`] of Bedrock's ConverseStream: the
+/// `application/vnd.amazon.eventstream` framing (length-prefixed binary
+/// messages with CRC-32 checksums, decoded and checked by
+/// `aws-smithy-eventstream`) with JSON payloads. `metadata` after
+/// `messageStop` is the terminator; an exception message is a failure
+/// classified by its type (throttling is rate limited, validation a bad
+/// request, ...), its message scrubbed of the credentials sent. Made by
+/// [`BedrockConfig`](crate::BedrockConfig)'s
+/// [`Dialect::wire`](crate::Dialect::wire).
 #[derive(Debug)]
-pub(crate) struct EventStreamWire {
+pub struct EventStreamWire {
     buf: bytes::BytesMut,
     stopped: bool,
     /// `metadata` after `messageStop` came: the terminator was handed on.
@@ -38,7 +45,7 @@ impl EventStreamWire {
 /// The largest event-stream message accepted (1 MiB, as for SSE events).
 const MAX_MESSAGE_LEN: usize = crate::stream::MAX_EVENT;
 
-impl crate::streaming::Wire for EventStreamWire {
+impl Wire for EventStreamWire {
     fn feed(
         &mut self,
         bytes: &[u8],

@@ -1,178 +1,79 @@
-//! Chat Completions: the [`OpenAi`] service, its request body, its answer
-//! and its error answers.
+//! Chat Completions: the OpenAI [`Dialect`] (its request body, its answer,
+//! its error answers and its streams) and the [`OpenAi`] service.
 
-use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body::Body;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tower_llm_core::{
-    BoxError, ChatRequest, ChatResponse, Choice, ContentPart, Failure, FailureClass, FinishReason,
-    Message, Role, ToolCall, ToolChoice, Usage,
+    ChatRequest, ChatResponse, Choice, ContentPart, Failure, FailureClass, FinishReason, Message,
+    Role, ToolCall, ToolChoice, Usage,
 };
-use tower_service::Service;
 
-use super::config::{OpenAiConfig, PROVIDER, post};
-use crate::ProviderFuture;
-use crate::failure::{Scrub, error_envelope, error_failure, invalid, invalid_json};
-use crate::transport::{Answer, RequestBody, poll_transport, round_trip, take_ready};
+use super::config::{OpenAiConfig, PROVIDER};
+use crate::dialect::{Dialect, ErrorBody, SseWire};
+use crate::failure::{Scrub, error_envelope, error_failure, invalid, invalid_json, to_json};
+use crate::provider::Provider;
+use crate::stream::openai_event_scrubbed;
 use crate::wire::tool_schema;
 
 /// OpenAI Chat Completions as a `Service<ChatRequest>`, over any HTTP
-/// transport `T` (a hyper-util client, or a test double).
+/// transport `T` (a hyper-util client, or a test double): the
+/// [`Provider`] speaking the OpenAI dialect, [`OpenAiConfig`].
 ///
 /// The transport never retries: the retry layer is the one retry owner.
 /// Errors are classified from the status, the rate-limit headers and the
 /// error body: `insufficient_quota` is quota exhausted (not retried, fails
-/// over), `context_length_exceeded` is context window exceeded.
-#[derive(Debug, Clone)]
-pub struct OpenAi<T> {
-    transport: T,
-    config: Arc<OpenAiConfig>,
-    metrics: tower_llm_core::GenAiMetrics,
-}
+/// over), `context_length_exceeded` is context window exceeded. Streams
+/// ([`streaming`](Provider::streaming)) send `stream: true` with
+/// `stream_options.include_usage`.
+pub type OpenAi<T> = Provider<OpenAiConfig, T>;
 
-impl<T> OpenAi<T> {
-    /// A service sending through `transport`.
-    pub fn new(transport: T, config: OpenAiConfig) -> Self {
-        OpenAi {
-            transport,
-            config: Arc::new(config),
-            metrics: tower_llm_core::GenAiMetrics::global(),
-        }
+/// OpenAI Chat Completions (and every server that speaks it):
+/// `POST {base_url}/chat/completions` with the bearer key.
+impl Dialect for OpenAiConfig {
+    type Wire = SseWire;
+
+    fn provider(&self) -> &'static str {
+        PROVIDER
     }
 
-    /// Records the GenAI client metrics (`gen_ai.client.operation.duration`,
-    /// `gen_ai.client.token.usage`) on `metrics`. Default:
-    /// [`GenAiMetrics::global`](tower_llm_core::GenAiMetrics::global), a
-    /// no-op until the host installs an OpenTelemetry SDK.
-    #[must_use]
-    pub fn with_metrics(mut self, metrics: tower_llm_core::GenAiMetrics) -> Self {
-        self.metrics = metrics;
-        self
-    }
-}
-
-impl<T, B> Service<ChatRequest> for OpenAi<T>
-where
-    T: Service<http::Request<RequestBody>, Response = http::Response<B>> + Clone + Send + 'static,
-    T::Future: Send + 'static,
-    T::Error: Into<BoxError>,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    type Response = ChatResponse;
-    type Error = Failure;
-    type Future = ProviderFuture;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        poll_transport(&mut self.transport, cx, PROVIDER)
+    fn encode(&self, req: &ChatRequest, stream: bool) -> Result<http::Request<Bytes>, Failure> {
+        let body = to_json(
+            PROVIDER,
+            &encode_body(req, self.max_completion_tokens, stream),
+        )?;
+        self.post("chat/completions", body)
     }
 
-    fn call(&mut self, req: ChatRequest) -> Self::Future {
-        let mut transport = take_ready(&mut self.transport);
-        let config = self.config.clone();
-        let metrics = self.metrics.clone();
-        Box::pin(async move {
-            let call = chat(&mut transport, &config, &req);
-            let model = crate::transport::metric_model(&req);
-            crate::transport::timed_chat(&metrics, PROVIDER, &model, call).await
-        })
+    fn decode(
+        &self,
+        _req: &ChatRequest,
+        answer: &http::Response<Bytes>,
+        latency: Duration,
+    ) -> Result<ChatResponse, Failure> {
+        decode(answer.body(), latency)
+    }
+
+    fn classify(&self, class: FailureClass, error: &ErrorBody<'_>) -> FailureClass {
+        classify(class, error)
+    }
+
+    fn secrets(&self) -> Vec<&str> {
+        vec![self.api_key.expose()]
+    }
+
+    fn wire(&self) -> SseWire {
+        let scrub = Scrub::new(self.secrets());
+        SseWire::new(move |event| openai_event_scrubbed(event, &scrub))
+    }
+
+    fn max_body(&self) -> usize {
+        self.max_body
     }
 }
 
-/// One unary Chat Completions call.
-async fn chat<T, B>(
-    transport: &mut T,
-    config: &OpenAiConfig,
-    req: &ChatRequest,
-) -> Result<ChatResponse, Failure>
-where
-    T: Service<http::Request<RequestBody>, Response = http::Response<B>>,
-    T::Error: Into<BoxError>,
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let body = crate::failure::to_json(
-        PROVIDER,
-        &encode_body(req, config.max_completion_tokens, false),
-    )?;
-    let http_req = post(config, "chat/completions", body)?;
-    let Answer {
-        parts,
-        body: bytes,
-        latency,
-    } = round_trip(transport, http_req, config.max_body, PROVIDER).await?;
-    if !parts.status.is_success() {
-        return Err(decode_error_scrubbed(
-            parts.status,
-            &parts.headers,
-            &bytes,
-            &config.scrub(),
-        ));
-    }
-    decode(&bytes, latency).map_err(|f| f.with_status(parts.status))
-}
-
-impl<T> OpenAi<T> {
-    /// This provider as a streaming service (`stream: true` with
-    /// `stream_options.include_usage`); see [`Streaming`](crate::Streaming).
-    pub fn streaming(self) -> crate::Streaming<Self> {
-        crate::Streaming::new(self)
-    }
-}
-
-impl<T> crate::streaming::private::Sealed for OpenAi<T> {}
-
-impl<T, B> crate::StreamSource for OpenAi<T>
-where
-    T: Service<http::Request<RequestBody>, Response = http::Response<B>> + Clone + Send + 'static,
-    T::Future: Send + 'static,
-    T::Error: Into<BoxError>,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    fn poll_ready_stream(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failure>> {
-        poll_transport(&mut self.transport, cx, PROVIDER)
-    }
-
-    fn open_stream(
-        &mut self,
-        req: ChatRequest,
-        timeouts: crate::StreamTimeouts,
-    ) -> crate::StreamFuture {
-        let transport = take_ready(&mut self.transport);
-        let config = self.config.clone();
-        let metrics = self.metrics.clone();
-        Box::pin(async move {
-            let body = crate::failure::to_json(
-                PROVIDER,
-                &encode_body(&req, config.max_completion_tokens, true),
-            )?;
-            let http_req = post(&config, "chat/completions", body)?;
-            let open = crate::streaming::Open {
-                wire: crate::streaming::SseWire::new(
-                    crate::stream::openai_event_scrubbed,
-                    config.scrub(),
-                ),
-                provider: PROVIDER,
-                model: req.model.to_string(),
-                metric_model: crate::transport::metric_model(&req),
-                max_error_body: config.max_body,
-                timeouts,
-                deadline: tower_llm_core::Deadline::of(&req),
-                metrics,
-                error: |parts: &http::response::Parts, body: &[u8]| {
-                    decode_error_scrubbed(parts.status, &parts.headers, body, &config.scrub())
-                },
-            };
-            crate::streaming::open(transport, http_req, open).await
-        })
-    }
-}
 /// The Chat Completions request body for `req` (`max_tokens` as is). With
 /// `req.stream` set it asks for a stream with usage
 /// (`stream_options.include_usage`).
@@ -415,34 +316,32 @@ fn finish_reason(reason: Option<&str>) -> FinishReason {
 /// Classifies an OpenAI error answer (a non-2xx status with its headers
 /// and body). The body is read leniently: garbage leaves the status's class.
 pub fn decode_error(status: http::StatusCode, headers: &http::HeaderMap, body: &[u8]) -> Failure {
-    decode_error_scrubbed(status, headers, body, &Scrub::none())
+    error_failure(
+        PROVIDER,
+        status,
+        headers,
+        &error_envelope(body),
+        &Scrub::none(),
+        classify,
+    )
 }
 
-/// As [`decode_error`], removing the secrets of `scrub` (the API key sent)
-/// from the provider's message.
-pub(super) fn decode_error_scrubbed(
-    status: http::StatusCode,
-    headers: &http::HeaderMap,
-    body: &[u8],
-    scrub: &Scrub,
-) -> Failure {
-    let parsed = error_envelope(body);
-    error_failure(PROVIDER, status, headers, &parsed, scrub, |class, b| {
-        let is = |s: &str| b.code() == Some(s) || b.kind() == Some(s);
-        let message = b.message();
-        if is("insufficient_quota") {
-            FailureClass::QuotaExhausted
-        } else if is("context_length_exceeded")
-            || message.contains("maximum context length")
-            // A single request over the tokens-per-minute limit: no wait
-            // can fix it on this link.
-            || message.starts_with("Request too large")
-        {
-            FailureClass::ContextWindowExceeded
-        } else if is("content_filter") || is("content_policy_violation") {
-            FailureClass::ContentFiltered
-        } else {
-            class
-        }
-    })
+/// Sharpens the status's class from an OpenAI error body.
+fn classify(class: FailureClass, b: &ErrorBody<'_>) -> FailureClass {
+    let is = |s: &str| b.code() == Some(s) || b.kind() == Some(s);
+    let message = b.message();
+    if is("insufficient_quota") {
+        FailureClass::QuotaExhausted
+    } else if is("context_length_exceeded")
+        || message.contains("maximum context length")
+        // A single request over the tokens-per-minute limit: no wait
+        // can fix it on this link.
+        || message.starts_with("Request too large")
+    {
+        FailureClass::ContextWindowExceeded
+    } else if is("content_filter") || is("content_policy_violation") {
+        FailureClass::ContentFiltered
+    } else {
+        class
+    }
 }

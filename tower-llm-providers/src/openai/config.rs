@@ -6,15 +6,18 @@ use bytes::Bytes;
 use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use tower_llm_core::Failure;
 
-use crate::failure::{Scrub, build_error};
+use crate::failure::build_error;
 use crate::secret::ApiKey;
-use crate::transport::{DEFAULT_MAX_BODY, RequestBody};
+use crate::transport::DEFAULT_MAX_BODY;
 use crate::wire::secret_header;
 
 /// The provider name in failures and metrics.
 pub(crate) const PROVIDER: &str = "openai";
 
-/// Settings of an [`OpenAi`] service.
+/// Settings of an [`OpenAi`](crate::OpenAi) service (and of
+/// [`OpenAiEmbeddings`](crate::OpenAiEmbeddings)), and the OpenAI
+/// [`Dialect`](crate::Dialect): `OpenAi::new(transport, config)` is
+/// [`Provider::new`](crate::Provider::new) with this dialect.
 ///
 /// `base_url` makes any OpenAI-compatible server work (Azure OpenAI,
 /// vLLM, Ollama, Groq, ...): the service posts to
@@ -31,7 +34,7 @@ pub(crate) const PROVIDER: &str = "openai";
 /// ```
 #[derive(Debug, Clone)]
 pub struct OpenAiConfig {
-    api_key: ApiKey,
+    pub(crate) api_key: ApiKey,
     base_url: Arc<str>,
     pub(crate) max_body: usize,
     pub(crate) max_completion_tokens: bool,
@@ -76,29 +79,19 @@ impl OpenAiConfig {
     pub fn base_url(&self) -> &str {
         &self.base_url
     }
-
-    /// The secrets to remove from upstream text: the key.
-    pub(crate) fn scrub(&self) -> Scrub {
-        Scrub::new([self.api_key.expose()])
-    }
 }
 
-/// A JSON POST to `{base_url}/{path}` with the bearer key.
-pub(crate) fn post(
-    config: &OpenAiConfig,
-    path: &str,
-    body: Vec<u8>,
-) -> Result<http::Request<RequestBody>, Failure> {
-    http::Request::post(format!("{}/{path}", config.base_url))
-        .header(CONTENT_TYPE, "application/json")
-        .header(
-            AUTHORIZATION,
-            secret_header(PROVIDER, &format!("Bearer {}", config.api_key.expose()))?,
-        )
-        .body(RequestBody::new(Bytes::from(body)))
-        .map(|mut req| {
-            crate::transport::inject_trace_context(req.headers_mut());
-            req
-        })
-        .map_err(build_error(PROVIDER))
+impl OpenAiConfig {
+    /// A JSON POST of `body` to `{base_url}/{path}` with the bearer key
+    /// (a sensitive header).
+    pub(crate) fn post(&self, path: &str, body: Vec<u8>) -> Result<http::Request<Bytes>, Failure> {
+        http::Request::post(format!("{}/{path}", self.base_url))
+            .header(CONTENT_TYPE, "application/json")
+            .header(
+                AUTHORIZATION,
+                secret_header(PROVIDER, &format!("Bearer {}", self.api_key.expose()))?,
+            )
+            .body(Bytes::from(body))
+            .map_err(build_error(PROVIDER))
+    }
 }

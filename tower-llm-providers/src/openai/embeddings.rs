@@ -11,14 +11,15 @@ use serde_json::json;
 use tower_llm_core::{BoxError, EmbeddingRequest, EmbeddingResponse, Failure};
 use tower_service::Service;
 
-use super::chat::decode_error_scrubbed;
-use super::config::{OpenAiConfig, PROVIDER, post};
-use crate::failure::{invalid, invalid_json};
-use crate::transport::{Answer, RequestBody, poll_transport, round_trip, take_ready};
+use super::config::{OpenAiConfig, PROVIDER};
+use crate::dialect::finish;
+use crate::failure::{invalid, invalid_json, to_json};
+use crate::provider::exchange;
+use crate::transport::{RequestBody, poll_transport, take_ready};
 
 /// OpenAI Embeddings (`POST {base_url}/embeddings`) as a
 /// `Service<EmbeddingRequest>`, with the same settings, transport and error
-/// classification as [`OpenAi`].
+/// classification as [`OpenAi`](crate::OpenAi).
 #[derive(Debug, Clone)]
 pub struct OpenAiEmbeddings<T> {
     transport: T,
@@ -62,22 +63,10 @@ where
             if let (Some(d), Some(obj)) = (req.dimensions, body.as_object_mut()) {
                 obj.insert("dimensions".into(), json!(d));
             }
-            let body = crate::failure::to_json(PROVIDER, &body)?;
-            let http_req = post(&config, "embeddings", body)?;
-            let Answer {
-                parts,
-                body: bytes,
-                latency,
-            } = round_trip(&mut transport, http_req, config.max_body, PROVIDER).await?;
-            if !parts.status.is_success() {
-                return Err(decode_error_scrubbed(
-                    parts.status,
-                    &parts.headers,
-                    &bytes,
-                    &config.scrub(),
-                ));
-            }
-            decode_embeddings(&bytes, latency).map_err(|f| f.with_status(parts.status))
+            let body = to_json(PROVIDER, &body)?;
+            let http_req = finish(&*config, config.post("embeddings", body)?)?;
+            let (answer, latency) = exchange(&mut transport, &*config, http_req).await?;
+            decode_embeddings(answer.body(), latency).map_err(|f| f.with_status(answer.status()))
         })
     }
 }

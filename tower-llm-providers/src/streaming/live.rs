@@ -216,7 +216,7 @@ impl<B, W> Stream for Live<B, W>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
-    W: Wire + Unpin,
+    W: Wire,
 {
     type Item = Result<ChatChunk, Failure>;
 
@@ -458,7 +458,7 @@ where
     T::Error: Into<BoxError>,
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
-    W: Wire + Unpin,
+    W: Wire,
     E: FnOnce(&http::response::Parts, &[u8]) -> Failure,
 {
     let Open {

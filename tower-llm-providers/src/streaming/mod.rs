@@ -1,5 +1,6 @@
 //! The streaming services: [`Streaming`] around a provider answers a
-//! [`ChatRequest`] with a [`ChatStream`] at the stream's commit point.
+//! [`ChatRequest`](tower_llm_core::ChatRequest) with a
+//! [`ChatStream`](tower_llm_core::ChatStream) at the stream's commit point.
 //!
 //! # The commit point: the first content frame
 //!
@@ -29,13 +30,13 @@
 //! connection that breaks off, a stall longer than the idle timeout, the
 //! call's deadline (it bounds the whole stream, checked before each chunk
 //! is handed on), or a truncated stream (see below) ends the
-//! [`ChatStream`] with one terminal `Err` item carrying the failure class.
+//! [`ChatStream`](tower_llm_core::ChatStream) with one terminal `Err` item carrying the failure class.
 //! The breaker counts only failures before the commit point (its call
 //! future resolved `Ok` at the commit).
 //!
 //! # Complete or truncated: the end of a stream
 //!
-//! A stream is complete, and its [`ChatStream`] ends with no error, when
+//! A stream is complete, and its [`ChatStream`](tower_llm_core::ChatStream) ends with no error, when
 //!
 //! - its terminator comes: OpenAI's `data: [DONE]`, Anthropic's
 //!   `message_stop`, Bedrock's `metadata` event after `messageStop`; or
@@ -53,7 +54,7 @@
 //! answer complete, since the usage may still follow it.
 //!
 //! A stream is truncated, and ends with a terminal `Err` of class
-//! [`Transient`](FailureClass::Transient) ("the stream ended without its
+//! [`Transient`](tower_llm_core::FailureClass::Transient) ("the stream ended without its
 //! terminator"), when its body ends cleanly before that finish reason
 //! (for OpenAI, while a started choice has none), or in the middle of an
 //! event. A body that breaks off (a connection reset, a chunked body
@@ -77,13 +78,10 @@
 //! one; the retry layer's attempt timeout then bounds the time to the first
 //! content frame as well.
 
-mod live;
-mod service;
-mod timeouts;
-mod wire;
+pub(crate) mod live;
+pub(crate) mod service;
+pub(crate) mod timeouts;
+pub(crate) mod wire;
 
-pub(crate) use live::{Open, open};
-pub(crate) use service::private;
 pub use service::{StreamFuture, StreamSource, Streaming};
 pub use timeouts::{DEFAULT_FIRST_TOKEN_TIMEOUT, DEFAULT_IDLE_TIMEOUT, StreamTimeouts};
-pub(crate) use wire::{SseWire, Wire};

@@ -106,8 +106,8 @@ pub(crate) mod private {
     pub trait Sealed {}
 }
 
-/// A provider of this crate that can stream (sealed: OpenAI, Anthropic and
-/// Bedrock).
+/// A provider service of this crate that can stream (sealed: every
+/// [`Provider`](crate::Provider), whatever its [`Dialect`](crate::Dialect)).
 pub trait StreamSource: private::Sealed {
     /// The transport's readiness.
     #[doc(hidden)]

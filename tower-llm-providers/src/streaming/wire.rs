@@ -2,50 +2,87 @@
 //! trait and its server-sent-events implementation.
 
 use std::collections::VecDeque;
+use std::fmt;
 
 use tower_llm_core::{ChatChunk, Failure};
 
-use crate::failure::Scrub;
 use crate::stream::{SseEvent, SseParser, StreamItem};
 
-/// How a provider's stream bytes become [`StreamItem`]s.
-pub(crate) trait Wire: Send + 'static {
-    /// Feeds the next bytes; decoded items (or one failure) go to `out`.
+/// How a provider's stream bytes become [`StreamItem`]s: the framing of
+/// its streamed answers and the meaning of each event, fed the body's
+/// bytes as they arrive, in chunks of any size. A
+/// [`Dialect`](crate::Dialect) gives one per stream
+/// ([`Dialect::wire`](crate::Dialect::wire)): [`SseWire`] for the
+/// server-sent events most providers send, or its own (Bedrock's
+/// [`EventStreamWire`](crate::bedrock::EventStreamWire)).
+///
+/// The streaming service reads the items in order: the first content
+/// chunk is the commit point, [`StreamItem::Done`] the terminator, and an
+/// `Err` ends the stream (feed nothing after it).
+pub trait Wire: Send + Unpin + 'static {
+    /// Feeds the next bytes of the body; the items they complete (or one
+    /// failure, after which the wire stays silent) go to `out`.
     fn feed(&mut self, bytes: &[u8], out: &mut VecDeque<Result<StreamItem, Failure>>);
 
     /// At a clean end of the body, when no terminator came: `true` when
     /// the stream is complete anyway (the finish reason came and no event
-    /// is cut), `false` when it was truncated.
+    /// is cut), `false` when it was truncated. Default: `false`.
     fn ended_cleanly(&mut self) -> bool {
         false
     }
 }
 
-/// Server-sent events decoded by one of the event functions of
-/// [`stream`](crate::stream).
-pub(crate) struct SseWire {
+/// The decoder of one server-sent event.
+type DecodeEvent = Box<dyn FnMut(&SseEvent) -> Result<StreamItem, Failure> + Send>;
+
+/// A [`Wire`] for server-sent events: the bytes are split into events by
+/// an [`SseParser`], and each event is decoded by the function given
+/// (OpenAI's and Anthropic's are in [`stream`](crate::stream)).
+///
+/// A body that ends cleanly without its terminator is complete when it
+/// ends between two events after a finish reason for every choice that
+/// started (a choice starts with its first chunk that is not usage-only).
+///
+/// ```
+/// use std::collections::VecDeque;
+/// use tower_llm_providers::dialect::{SseWire, Wire};
+/// use tower_llm_providers::stream::openai_event;
+///
+/// let mut wire = SseWire::new(openai_event);
+/// let mut out = VecDeque::new();
+/// wire.feed(b"data: {\"choices\": [{\"delta\": {\"content\": \"Hi\"}}]}\n\n", &mut out);
+/// assert!(out.pop_front().unwrap().unwrap().is_content());
+/// ```
+pub struct SseWire {
     parser: SseParser,
-    decode: fn(&SseEvent, &Scrub) -> Result<StreamItem, Failure>,
+    decode: DecodeEvent,
     failed: bool,
     /// The choices seen so far, and which of them sent a finish reason.
     finishes: Finishes,
-    /// The secrets sent, removed from in-band error messages that echo
-    /// them (before the message is bounded).
-    scrub: Scrub,
 }
 
 impl SseWire {
-    pub(crate) fn new(
-        decode: fn(&SseEvent, &Scrub) -> Result<StreamItem, Failure>,
-        scrub: Scrub,
+    /// Events decoded by `decode`. A decoder that keeps a provider's
+    /// message in a failure must remove the secrets sent from it first.
+    pub fn new(
+        decode: impl FnMut(&SseEvent) -> Result<StreamItem, Failure> + Send + 'static,
     ) -> Self {
         SseWire {
             parser: SseParser::new(),
-            decode,
+            decode: Box::new(decode),
             failed: false,
             finishes: Finishes::default(),
-            scrub,
         }
+    }
+}
+
+impl fmt::Debug for SseWire {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SseWire")
+            .field("parser", &self.parser)
+            .field("failed", &self.failed)
+            .field("finishes", &self.finishes)
+            .finish_non_exhaustive()
     }
 }
 
@@ -54,15 +91,14 @@ impl Wire for SseWire {
         if self.failed {
             return;
         }
-        let decode = self.decode;
+        let decode = &mut self.decode;
         let mut failed = false;
-        let scrub = &self.scrub;
         let finishes = &mut self.finishes;
         let parsed = self.parser.push_with(bytes, |event| {
             if failed {
                 return;
             }
-            match decode(&event, scrub) {
+            match decode(&event) {
                 Ok(StreamItem::Chunks(chunks)) => {
                     for c in &chunks {
                         finishes.note(c);

@@ -9,7 +9,7 @@ use super::response::write_chunk_event;
 /// A committed [`ChatStream`](tower_llm_core::ChatStream) as OpenAI
 /// server-sent events, one `data:` frame per item: the first chunk
 /// carries the role; usage is summed and sent once at the end, and only
-/// when the client asked for it ([`wants_usage`]), as OpenAI does; a
+/// when the client asked for it ([`wants_usage`](super::wants_usage)), as OpenAI does; a
 /// clean end is `data: [DONE]`, a failure after the commit point one
 /// [`sse_error_event`] and no `[DONE]`. Chunks with nothing but usage
 /// send no frame.
