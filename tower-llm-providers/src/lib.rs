@@ -9,6 +9,27 @@
 //! hyper-util client (put tower-http layers on it if you like; it must not
 //! retry: the retry layer is the one retry owner).
 //!
+//! # One service, many dialects
+//!
+//! There is one provider service, [`Provider<D, T>`](Provider): a
+//! [`Dialect`] `D` spoken over a transport `T`. The service does what every
+//! provider shares (readiness, sending once, reading the body with a cap,
+//! transport errors, trace context, GenAI metrics, and for
+//! [`streaming`](Provider::streaming) the commit point, timeouts and
+//! drain); the dialect does what is the provider's own: encoding a request
+//! (and signing it), decoding an answer, an error answer and a streamed
+//! answer, and classifying errors. Each provider's settings are its
+//! dialect, and its service a name for `Provider`:
+//!
+//! | service | dialect (settings) | streams |
+//! |---|---|---|
+//! | [`OpenAi<T>`](OpenAi) | [`OpenAiConfig`] | server-sent events |
+//! | [`Anthropic<T>`](Anthropic) | [`AnthropicConfig`] | server-sent events |
+//! | [`Bedrock<T>`](Bedrock) | [`BedrockConfig`] (signs with SigV4) | AWS event stream |
+//!
+//! A new provider (Azure OpenAI, Gemini, ...) is a new dialect; the
+//! [`dialect`] module says how to write one, with a toy example.
+//!
 //! ```
 //! use tower_llm_providers::{openai, Anthropic, AnthropicConfig, ApiKey, OpenAi, OpenAiConfig};
 //! use tower_llm_core::{ChatRequest, Message};
@@ -66,10 +87,10 @@
 //! credential the provider sends replaced by `[redacted]`, before it is
 //! bounded to [`MAX_MESSAGE`] bytes.
 //!
-//! # Not yet here
+//! # Embeddings
 //!
 //! OpenAI embeddings are [`OpenAiEmbeddings`] (`EmbeddingRequest` →
-//! `EmbeddingResponse`, the same layers apply).
+//! `EmbeddingResponse`, the same layers apply), with the same settings.
 //!
 //! # Streaming
 //!
