@@ -34,26 +34,6 @@ impl<T> OpenAiEmbeddings<T> {
             config: Arc::new(config),
         }
     }
-
-    /// The settings.
-    pub fn config(&self) -> &OpenAiConfig {
-        &self.config
-    }
-
-    /// The transport.
-    pub fn get_ref(&self) -> &T {
-        &self.transport
-    }
-
-    /// The transport, mutably.
-    pub fn get_mut(&mut self) -> &mut T {
-        &mut self.transport
-    }
-
-    /// The transport, consuming the service.
-    pub fn into_inner(self) -> T {
-        self.transport
-    }
 }
 
 impl<T, B> Service<EmbeddingRequest> for OpenAiEmbeddings<T>
