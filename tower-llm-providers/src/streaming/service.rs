@@ -15,7 +15,8 @@ pub type StreamFuture = Pin<Box<dyn Future<Output = Result<ChatStream, Failure>>
 
 /// A provider as a streaming `Service<ChatRequest, Response = ChatStream>`;
 /// see the [module docs](crate::streaming) for the commit point. Build one with
-/// `OpenAi::streaming`, `Anthropic::streaming` or `Bedrock::streaming`.
+/// [`Provider::streaming`](crate::Provider::streaming) (`OpenAi::streaming`,
+/// `Anthropic::streaming`, `Bedrock::streaming`, or any dialect's).
 ///
 /// ```
 /// use std::time::Duration;
