@@ -1,27 +1,25 @@
-//! Anthropic Messages.
+//! Anthropic Messages: the Anthropic [`Dialect`] and the [`Anthropic`]
+//! service.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
-use http_body::Body;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tower_llm_core::{
-    BoxError, ChatRequest, ChatResponse, Choice, ContentPart, Failure, FailureClass, FinishReason,
-    Message, Role, ToolCall, ToolChoice, Usage,
+    ChatRequest, ChatResponse, Choice, ContentPart, Failure, FailureClass, FinishReason, Message,
+    Role, ToolCall, ToolChoice, Usage,
 };
-use tower_service::Service;
 
-use crate::secret::Scrub;
-use crate::transport::{
-    Answer, DEFAULT_MAX_BODY, RequestBody, build_error, error_envelope, error_failure,
-    invalid_json, poll_transport, round_trip, take_ready,
-};
+use crate::dialect::{Dialect, ErrorBody, SseWire};
+use crate::failure::{Scrub, build_error, error_envelope, error_failure, invalid_json, to_json};
+use crate::provider::Provider;
+use crate::secret::ApiKey;
+use crate::stream::anthropic_event_scrubbed;
+use crate::transport::DEFAULT_MAX_BODY;
 use crate::wire::{data_url, merge_turns, secret_header, tool_input, tool_schema, turn};
-use crate::{ApiKey, ProviderFuture};
 
 const PROVIDER: &str = "anthropic";
 
@@ -31,7 +29,9 @@ pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// `max_tokens` sent when the request sets none (Anthropic requires it).
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 
-/// Settings of an [`Anthropic`] service.
+/// Settings of an [`Anthropic`] service, and the Anthropic [`Dialect`]:
+/// `Anthropic::new(transport, config)` is [`Provider::new`] with this
+/// dialect.
 ///
 /// ```
 /// use tower_llm_providers::{AnthropicConfig, ApiKey};
@@ -85,181 +85,66 @@ impl AnthropicConfig {
     pub fn base_url(&self) -> &str {
         &self.base_url
     }
-
-    /// The secrets to remove from upstream text: the key.
-    pub(crate) fn scrub(&self) -> Scrub {
-        Scrub::new([self.api_key.expose()])
-    }
 }
 
-/// Anthropic Messages as a `Service<ChatRequest>`, over any HTTP transport.
+/// Anthropic Messages as a `Service<ChatRequest>`, over any HTTP transport:
+/// the [`Provider`] speaking the Anthropic dialect, [`AnthropicConfig`].
 ///
 /// System messages become the top-level `system`, tool results become
 /// `tool_result` blocks, and a missing `max_tokens` is sent as
 /// [`DEFAULT_MAX_TOKENS`]. Errors: 529 `overloaded_error` is transient, a
 /// spend or credit limit is quota exhausted, "prompt is too long" is context
-/// window exceeded.
-#[derive(Debug, Clone)]
-pub struct Anthropic<T> {
-    transport: T,
-    config: Arc<AnthropicConfig>,
-    metrics: tower_llm_core::GenAiMetrics,
-}
+/// window exceeded. Streams ([`streaming`](Provider::streaming)) send
+/// `stream: true`.
+pub type Anthropic<T> = Provider<AnthropicConfig, T>;
 
-impl<T> Anthropic<T> {
-    /// A service sending through `transport`.
-    pub fn new(transport: T, config: AnthropicConfig) -> Self {
-        Anthropic {
-            transport,
-            config: Arc::new(config),
-            metrics: tower_llm_core::GenAiMetrics::global(),
+/// Anthropic Messages: `POST {base_url}/v1/messages` with `x-api-key` and
+/// `anthropic-version`.
+impl Dialect for AnthropicConfig {
+    type Wire = SseWire;
+
+    fn provider(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn encode(&self, req: &ChatRequest, stream: bool) -> Result<http::Request<Bytes>, Failure> {
+        let mut body = encode(req);
+        if let Some(obj) = body.as_object_mut() {
+            obj.insert("stream".into(), Value::Bool(stream));
         }
+        let body = to_json(PROVIDER, &body)?;
+        http::Request::post(format!("{}/v1/messages", self.base_url))
+            .header(CONTENT_TYPE, "application/json")
+            .header("x-api-key", secret_header(PROVIDER, self.api_key.expose())?)
+            .header("anthropic-version", &*self.version)
+            .body(Bytes::from(body))
+            .map_err(build_error(PROVIDER))
     }
 
-    /// Records the GenAI client metrics (`gen_ai.client.operation.duration`,
-    /// `gen_ai.client.token.usage`) on `metrics`. Default:
-    /// [`GenAiMetrics::global`](tower_llm_core::GenAiMetrics::global), a
-    /// no-op until the host installs an OpenTelemetry SDK.
-    #[must_use]
-    pub fn with_metrics(mut self, metrics: tower_llm_core::GenAiMetrics) -> Self {
-        self.metrics = metrics;
-        self
-    }
-}
-
-impl<T, B> Service<ChatRequest> for Anthropic<T>
-where
-    T: Service<http::Request<RequestBody>, Response = http::Response<B>> + Clone + Send + 'static,
-    T::Future: Send + 'static,
-    T::Error: Into<BoxError>,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    type Response = ChatResponse;
-    type Error = Failure;
-    type Future = ProviderFuture;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        poll_transport(&mut self.transport, cx, PROVIDER)
+    fn decode(
+        &self,
+        _req: &ChatRequest,
+        answer: &http::Response<Bytes>,
+        latency: Duration,
+    ) -> Result<ChatResponse, Failure> {
+        decode(answer.body(), latency)
     }
 
-    fn call(&mut self, req: ChatRequest) -> Self::Future {
-        let mut transport = take_ready(&mut self.transport);
-        let config = self.config.clone();
-        let metrics = self.metrics.clone();
-        Box::pin(async move {
-            let call = chat(&mut transport, &config, &req);
-            let model = crate::transport::metric_model(&req);
-            crate::transport::timed_chat(&metrics, PROVIDER, &model, call).await
-        })
-    }
-}
-
-/// One unary Messages call.
-async fn chat<T, B>(
-    transport: &mut T,
-    config: &AnthropicConfig,
-    req: &ChatRequest,
-) -> Result<ChatResponse, Failure>
-where
-    T: Service<http::Request<RequestBody>, Response = http::Response<B>>,
-    T::Error: Into<BoxError>,
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let http_req = request(config, req, false)?;
-    let Answer {
-        parts,
-        body: bytes,
-        latency,
-    } = round_trip(transport, http_req, config.max_body, PROVIDER).await?;
-    if !parts.status.is_success() {
-        return Err(decode_error_scrubbed(
-            parts.status,
-            &parts.headers,
-            &bytes,
-            &config.scrub(),
-        ));
-    }
-    decode(&bytes, latency).map_err(|f| f.with_status(parts.status))
-}
-
-/// The Messages POST for `req` (streaming or not).
-fn request(
-    config: &AnthropicConfig,
-    req: &ChatRequest,
-    stream: bool,
-) -> Result<http::Request<RequestBody>, Failure> {
-    let mut body = encode(req);
-    if let Some(obj) = body.as_object_mut() {
-        obj.insert("stream".into(), Value::Bool(stream));
-    }
-    let body = crate::to_json(PROVIDER, &body)?;
-    http::Request::post(format!("{}/v1/messages", config.base_url))
-        .header(CONTENT_TYPE, "application/json")
-        .header(
-            "x-api-key",
-            secret_header(PROVIDER, config.api_key.expose())?,
-        )
-        .header("anthropic-version", &*config.version)
-        .body(RequestBody::new(Bytes::from(body)))
-        .map(|mut req| {
-            crate::transport::inject_trace_context(req.headers_mut());
-            req
-        })
-        .map_err(build_error(PROVIDER))
-}
-
-impl<T> Anthropic<T> {
-    /// This provider as a streaming service (`stream: true`); see
-    /// [`Streaming`](crate::Streaming).
-    pub fn streaming(self) -> crate::Streaming<Self> {
-        crate::Streaming::new(self)
-    }
-}
-
-impl<T> crate::streaming::private::Sealed for Anthropic<T> {}
-
-impl<T, B> crate::StreamSource for Anthropic<T>
-where
-    T: Service<http::Request<RequestBody>, Response = http::Response<B>> + Clone + Send + 'static,
-    T::Future: Send + 'static,
-    T::Error: Into<BoxError>,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    fn poll_ready_stream(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failure>> {
-        poll_transport(&mut self.transport, cx, PROVIDER)
+    fn classify(&self, class: FailureClass, error: &ErrorBody<'_>) -> FailureClass {
+        classify(class, error)
     }
 
-    fn open_stream(
-        &mut self,
-        req: ChatRequest,
-        timeouts: crate::StreamTimeouts,
-    ) -> crate::StreamFuture {
-        let transport = take_ready(&mut self.transport);
-        let config = self.config.clone();
-        let metrics = self.metrics.clone();
-        Box::pin(async move {
-            let http_req = request(&config, &req, true)?;
-            let open = crate::streaming::Open {
-                wire: crate::streaming::SseWire::new(
-                    crate::stream::anthropic_event_scrubbed,
-                    config.scrub(),
-                ),
-                provider: PROVIDER,
-                model: req.model.to_string(),
-                metric_model: crate::transport::metric_model(&req),
-                max_error_body: config.max_body,
-                timeouts,
-                deadline: tower_llm_core::Deadline::of(&req),
-                metrics,
-                error: |parts: &http::response::Parts, body: &[u8]| {
-                    decode_error_scrubbed(parts.status, &parts.headers, body, &config.scrub())
-                },
-            };
-            crate::streaming::open(transport, http_req, open).await
-        })
+    fn secrets(&self) -> Vec<&str> {
+        vec![self.api_key.expose()]
+    }
+
+    fn wire(&self) -> SseWire {
+        let scrub = Scrub::new(self.secrets());
+        SseWire::new(move |event| anthropic_event_scrubbed(event, &scrub))
+    }
+
+    fn max_body(&self) -> usize {
+        self.max_body
     }
 }
 
@@ -458,31 +343,29 @@ pub fn decode(body: &[u8], latency: Duration) -> Result<ChatResponse, Failure> {
 /// Classifies an Anthropic error answer (a non-2xx status with its headers
 /// and body). The body is read leniently: garbage leaves the status's class.
 pub fn decode_error(status: http::StatusCode, headers: &http::HeaderMap, body: &[u8]) -> Failure {
-    decode_error_scrubbed(status, headers, body, &Scrub::none())
+    error_failure(
+        PROVIDER,
+        status,
+        headers,
+        &error_envelope(body),
+        &Scrub::none(),
+        classify,
+    )
 }
 
-/// As [`decode_error`], removing the secrets of `scrub` (the API key sent)
-/// from the provider's message.
-fn decode_error_scrubbed(
-    status: http::StatusCode,
-    headers: &http::HeaderMap,
-    body: &[u8],
-    scrub: &Scrub,
-) -> Failure {
-    let parsed = error_envelope(body);
-    error_failure(PROVIDER, status, headers, &parsed, scrub, |class, b| {
-        let message = b.message();
-        if message.contains("credit balance")
-            || message.contains("usage limit")
-            || message.contains("Extra usage is required")
-        {
-            FailureClass::QuotaExhausted
-        } else if message.contains("prompt is too long") {
-            FailureClass::ContextWindowExceeded
-        } else if b.kind() == Some("overloaded_error") {
-            FailureClass::Transient
-        } else {
-            class
-        }
-    })
+/// Sharpens the status's class from an Anthropic error body.
+fn classify(class: FailureClass, b: &ErrorBody<'_>) -> FailureClass {
+    let message = b.message();
+    if message.contains("credit balance")
+        || message.contains("usage limit")
+        || message.contains("Extra usage is required")
+    {
+        FailureClass::QuotaExhausted
+    } else if message.contains("prompt is too long") {
+        FailureClass::ContextWindowExceeded
+    } else if b.kind() == Some("overloaded_error") {
+        FailureClass::Transient
+    } else {
+        class
+    }
 }

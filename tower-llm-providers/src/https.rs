@@ -9,7 +9,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::RequestBody;
+use crate::transport::RequestBody;
 
 /// The default transport type: a pooled HTTP/1.1 client speaking HTTPS
 /// (rustls with the `ring` provider and the webpki root certificates) and

@@ -1,6 +1,6 @@
 //! OpenAI, Anthropic and AWS Bedrock chat services for tower-llm: one request type
 //! ([`ChatRequest`](tower_llm_core::ChatRequest)), one normalised answer
-//! ([`ChatResponse`]), and provider errors
+//! ([`ChatResponse`](tower_llm_core::ChatResponse)), and provider errors
 //! classified from status, headers and body so that retry, breaker and
 //! fallback decide correctly.
 //!
@@ -8,6 +8,27 @@
 //! transport: a `Service<http::Request<Full<Bytes>>>` such as a pooled
 //! hyper-util client (put tower-http layers on it if you like; it must not
 //! retry: the retry layer is the one retry owner).
+//!
+//! # One service, many dialects
+//!
+//! There is one provider service, [`Provider<D, T>`](Provider): a
+//! [`Dialect`] `D` spoken over a transport `T`. The service does what every
+//! provider shares (readiness, sending once, reading the body with a cap,
+//! transport errors, trace context, GenAI metrics, and for
+//! [`streaming`](Provider::streaming) the commit point, timeouts and
+//! drain); the dialect does what is the provider's own: encoding a request
+//! (and signing it), decoding an answer, an error answer and a streamed
+//! answer, and classifying errors. Each provider's settings are its
+//! dialect, and its service a name for `Provider`:
+//!
+//! | service | dialect (settings) | streams |
+//! |---|---|---|
+//! | [`OpenAi<T>`](OpenAi) | [`OpenAiConfig`] | server-sent events |
+//! | [`Anthropic<T>`](Anthropic) | [`AnthropicConfig`] | server-sent events |
+//! | [`Bedrock<T>`](Bedrock) | [`BedrockConfig`] (signs with SigV4) | AWS event stream |
+//!
+//! A new provider (Azure OpenAI, Gemini, ...) is a new dialect; the
+//! [`dialect`] module says how to write one, with a toy example.
 //!
 //! ```
 //! use tower_llm_providers::{openai, Anthropic, AnthropicConfig, ApiKey, OpenAi, OpenAiConfig};
@@ -66,10 +87,10 @@
 //! credential the provider sends replaced by `[redacted]`, before it is
 //! bounded to [`MAX_MESSAGE`] bytes.
 //!
-//! # Not yet here
+//! # Embeddings
 //!
 //! OpenAI embeddings are [`OpenAiEmbeddings`] (`EmbeddingRequest` →
-//! `EmbeddingResponse`, the same layers apply).
+//! `EmbeddingResponse`, the same layers apply), with the same settings.
 //!
 //! # Streaming
 //!
@@ -96,18 +117,16 @@
 //!   time) and `mock::MockServer` (real loopback HTTP with scripted
 //!   faults). Off by default.
 
-use std::future::Future;
-use std::pin::Pin;
-
-use tower_llm_core::{ChatResponse, Failure, FailureClass};
-
 pub mod anthropic;
 pub mod bedrock;
+pub mod dialect;
+mod failure;
 #[cfg(feature = "https")]
 pub mod https;
 #[cfg(feature = "mock")]
 pub mod mock;
 pub mod openai;
+mod provider;
 mod secret;
 pub mod stream;
 pub mod streaming;
@@ -116,20 +135,10 @@ mod wire;
 
 pub use anthropic::{Anthropic, AnthropicConfig};
 pub use bedrock::{AwsCredentials, Bedrock, BedrockConfig};
+pub use dialect::Dialect;
+pub use failure::MAX_MESSAGE;
 pub use openai::{OpenAi, OpenAiConfig, OpenAiEmbeddings};
+pub use provider::{Provider, ProviderFuture};
 pub use secret::ApiKey;
 pub use streaming::{StreamFuture, StreamSource, StreamTimeouts, Streaming};
-pub use transport::{DEFAULT_MAX_BODY, MAX_MESSAGE, RequestBody};
-
-/// The response future of the provider services: boxed, since a provider
-/// call is one network round trip (a layer's hot path is never boxed).
-pub type ProviderFuture = Pin<Box<dyn Future<Output = Result<ChatResponse, Failure>> + Send>>;
-
-/// Serialises a request body; a failure here is the caller's request.
-fn to_json(provider: &'static str, body: &serde_json::Value) -> Result<Vec<u8>, Failure> {
-    serde_json::to_vec(body).map_err(|e| {
-        Failure::new(FailureClass::BadRequest)
-            .with_provider(provider)
-            .with_message(format!("cannot encode the request: {e}"))
-    })
-}
+pub use transport::{DEFAULT_MAX_BODY, RequestBody};

@@ -8,7 +8,7 @@
 use serde::Deserialize;
 use tower_llm_core::{ChatChunk, Failure, FailureClass, FinishReason, ToolCallDelta, Usage};
 
-use crate::secret::Scrub;
+use crate::failure::Scrub;
 
 /// The largest single event accepted (1 MiB); a larger one is an
 /// invalid-response failure, so memory stays bounded.
@@ -307,7 +307,7 @@ pub(crate) fn openai_event_scrubbed(
         return Ok(StreamItem::Done);
     }
     let chunk: OpenAiChunk = serde_json::from_str(&event.data)
-        .map_err(|e| crate::transport::invalid_json("openai", &e))?;
+        .map_err(|e| crate::failure::invalid_json("openai", &e))?;
     if let Some(error) = chunk.error {
         return Err(in_band("openai", error, scrub));
     }
@@ -461,7 +461,7 @@ pub(crate) fn anthropic_event_scrubbed(
     scrub: &Scrub,
 ) -> Result<StreamItem, Failure> {
     let parsed: AnthropicEvent = serde_json::from_str(&event.data)
-        .map_err(|e| crate::transport::invalid_json("anthropic", &e))?;
+        .map_err(|e| crate::failure::invalid_json("anthropic", &e))?;
     let usage = |u: AnthropicUsage| {
         let read = u.cache_read_input_tokens.unwrap_or(0);
         Usage {
