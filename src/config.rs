@@ -170,7 +170,7 @@ pub struct Policy {
     pub idempotency: Option<IdempotencyConfig>,
     /// `[idempotency_shared]`: keep `[idempotency]`'s answers and
     /// reservations in Redis, shared by every replica (a gateway builds
-    /// the layer on `tower_llm_idempotency_redis::RedisStore`; ignored by
+    /// the layer on `tower_llm_idempotency_redis::RedisIdempotencyStore`; ignored by
     /// a library stack). Needs `[idempotency]`. Default: none, in-process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_shared: Option<SharedIdempotencyPolicy>,

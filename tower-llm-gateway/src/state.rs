@@ -20,6 +20,7 @@ use tower_llm::config::{
 use tower_llm::idempotency::{IdempotencyConfig, IdempotencyLayer};
 use tower_llm::{ChatRequest, ChatResponse, ChatStream, GenAiMetrics, Link, Metrics};
 use tower_llm_breaker_redis::RedisStore;
+use tower_llm_idempotency_redis::RedisIdempotencyStore;
 
 use crate::health::Probe;
 use crate::routes::{Bulkheads, build};
@@ -447,7 +448,7 @@ fn idempotency_of(
     let layer = match &policy.idempotency_shared {
         None => layer,
         Some(shared) => {
-            let mut builder = tower_llm_idempotency_redis::RedisStore::builder(&shared.redis)
+            let mut builder = RedisIdempotencyStore::builder(&shared.redis)
                 .map_err(|e| ConfigError::new(format!("idempotency_shared: {e}")))?;
             if let Some(prefix) = &shared.prefix {
                 builder = builder.with_prefix(prefix.clone());
