@@ -96,6 +96,8 @@
 //! None.
 
 mod entry;
+mod fleet;
+mod inner;
 mod link;
 mod scripts;
 mod store;

@@ -1,9 +1,8 @@
 //! The store: local circuits (a [`MemoryStore`]) mirrored to Redis.
 
-use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use opentelemetry::metrics::{Meter, ObservableCounter, ObservableGauge};
@@ -13,6 +12,7 @@ use tower_llm_breaker::{
 };
 
 use crate::entry::{Entry, Events};
+use crate::inner::{Inner, Registry};
 use crate::link::{Link, Op, Settings};
 use crate::worker;
 
@@ -37,49 +37,6 @@ impl fmt::Display for RedisStoreError {
 }
 
 impl std::error::Error for RedisStoreError {}
-
-/// What the store and its tasks share.
-pub(crate) struct Inner {
-    pub(crate) local: MemoryStore,
-    link: Arc<Link>,
-    registry: Arc<Registry>,
-    /// Told of every state change adopted from another replica.
-    pub(crate) observer: Option<Observer>,
-}
-
-/// The entries of live circuits, by their Redis name (cold paths only:
-/// a new circuit, a message, a resync).
-#[derive(Default)]
-struct Registry {
-    entries: Mutex<HashMap<String, Weak<Entry>>>,
-}
-
-impl Inner {
-    /// The link (settings, queue, up flags).
-    pub(crate) fn link(&self) -> &Link {
-        &self.link
-    }
-
-    pub(crate) fn entry(&self, id: &str) -> Option<Arc<Entry>> {
-        self.registry
-            .entries
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(id)
-            .and_then(Weak::upgrade)
-    }
-
-    /// Every live entry (and forgets dead ones).
-    pub(crate) fn entries(&self) -> Vec<Arc<Entry>> {
-        let mut map = self
-            .registry
-            .entries
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        map.retain(|_, e| e.strong_count() > 0);
-        map.values().filter_map(Weak::upgrade).collect()
-    }
-}
 
 /// A [`BreakerStore`] whose circuits are shared by every replica using
 /// the same Redis (and prefix): see the [crate docs](crate).
@@ -353,29 +310,20 @@ impl RedisStoreBuilder {
             max_backoff: self.max_backoff,
             replica,
         };
-        let link = Arc::new(Link::new(tx, settings));
+        let link = Arc::new(Link::new(settings));
         let registry = Arc::new(Registry::default());
         let local = {
             let link = link.clone();
             let registry = registry.clone();
             MemoryStore::new(self.max_keys).with_circuits(move |key| {
-                let entry = Arc::new(Entry::new(key.clone(), link.clone()));
-                registry
-                    .entries
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(entry.id.clone(), Arc::downgrade(&entry));
+                let entry = Arc::new(Entry::new(key.clone(), link.clone(), tx.clone()));
+                registry.insert(&entry);
                 // Learn the shared state of a key seen for the first time.
-                link.send(&entry, Op::Sync);
+                entry.send(Op::Sync);
                 Circuit::with_events(key, Arc::new(Events(entry)))
             })
         };
-        let inner = Arc::new(Inner {
-            local,
-            link: link.clone(),
-            registry,
-            observer: self.observer,
-        });
+        let inner = Arc::new(Inner::new(local, link.clone(), registry, self.observer));
         let (shutdown, watch_rx) = watch::channel(false);
         let (resync_tx, resync_rx) = mpsc::channel(1);
         let addr = self.client.get_connection_info().addr().to_string();

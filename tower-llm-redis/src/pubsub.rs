@@ -5,7 +5,8 @@ use std::ops::ControlFlow;
 
 use futures_util::StreamExt;
 
-use crate::{RedisSettings, ShutdownSignal};
+use crate::settings::RedisSettings;
+use crate::shutdown::ShutdownSignal;
 
 /// What a store does with its channel: told when the subscription is
 /// live and when it ends, and given every message in between.

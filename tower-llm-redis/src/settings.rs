@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::{Backoff, Error};
+use crate::backoff::Backoff;
+use crate::error::Error;
 
 /// The settings every Redis-backed store has: the server (from its URL),
 /// the prefix of its keys and channel, how long one command may take, and
