@@ -158,7 +158,7 @@ pub struct Policy {
     pub breaker_policies: std::collections::BTreeMap<String, BreakerConfig>,
     /// `[breaker_shared]`: share the circuits with every replica using the
     /// same Redis (a gateway builds its breaker on
-    /// `tower_llm_breaker_redis::RedisStore`; ignored by a library stack).
+    /// `tower_llm_breaker_redis::RedisBreakerStore`; ignored by a library stack).
     /// Default: none, each process keeps its own circuits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker_shared: Option<SharedBreakerPolicy>,

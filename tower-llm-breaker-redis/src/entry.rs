@@ -32,7 +32,7 @@ pub(crate) struct Job {
     pub(crate) op: Op,
 }
 
-/// Attached to each local circuit of a [`RedisStore`](crate::RedisStore).
+/// Attached to each local circuit of a [`RedisBreakerStore`](crate::RedisBreakerStore).
 pub(crate) struct Entry {
     pub(crate) key: BreakerKey,
     /// The key's name in Redis, after the prefix.
@@ -66,8 +66,8 @@ impl Entry {
     pub(crate) fn new(key: BreakerKey, link: Arc<Link>, tx: mpsc::Sender<Job>) -> Self {
         let id = encode_key(&key);
         Entry {
-            hash_key: format!("{}{id}", link.settings.prefix),
-            probes_key: format!("{}{id}:probes", link.settings.prefix),
+            hash_key: link.settings.redis.key(&id),
+            probes_key: link.settings.redis.key(&format!("{id}:probes")),
             id,
             key,
             link,

@@ -5,17 +5,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tower_llm_breaker::BreakerConfig;
+use tower_llm_redis::RedisSettings;
 
 /// The settings every script and task reads.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
-    pub(crate) prefix: String,
+    /// The server, the prefix, the command timeout, the backoff.
+    pub(crate) redis: RedisSettings,
     pub(crate) channel: String,
     pub(crate) breaker: BreakerConfig,
-    pub(crate) op_timeout: Duration,
     pub(crate) resync_every: Duration,
     pub(crate) key_ttl: Duration,
-    pub(crate) max_backoff: Duration,
     /// This store's name in probe tokens.
     pub(crate) replica: String,
 }
@@ -136,11 +136,11 @@ impl Link {
         let now = self.is_up();
         if before && !now {
             tracing::warn!(
-                prefix = %self.settings.prefix,
+                prefix = %self.settings.redis.prefix(),
                 "shared breaker store down: each replica breaks on its own until it is back"
             );
         } else if !before && now {
-            tracing::info!(prefix = %self.settings.prefix, "shared breaker store up");
+            tracing::info!(prefix = %self.settings.redis.prefix(), "shared breaker store up");
         }
     }
 }

@@ -1,15 +1,16 @@
 //! The background tasks: one writes to Redis from the queue (and resyncs),
 //! one listens to the channel. Nothing here is ever awaited by a call.
 
+use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use redis::aio::ConnectionManager;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tower_llm_breaker::{BreakerStore, CircuitState, TransitionReason};
+use tower_llm_redis::{Backoff, ShutdownSignal, Subscriber};
 
 use crate::entry::{Entry, Job, Tickets};
 use crate::fleet::{Fleet, FleetState, Reply, fleet_of_fields, parse_message, parse_reply};
@@ -120,33 +121,21 @@ fn reconcile(inner: &Inner, entry: &Arc<Entry>, fleet: &Fleet) -> Option<Op> {
 pub(crate) async fn writer(
     inner: Weak<Inner>,
     link: Arc<Link>,
-    client: redis::Client,
+    mut conn: ConnectionManager,
     mut rx: mpsc::Receiver<Job>,
-    mut shutdown: watch::Receiver<bool>,
+    mut shutdown: ShutdownSignal,
     mut resync: mpsc::Receiver<()>,
 ) {
     let scripts = Scripts::new();
     let args = link.settings.script_args();
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(link.settings.op_timeout))
-        .set_response_timeout(Some(link.settings.op_timeout))
-        .set_number_of_retries(1)
-        .set_max_delay(link.settings.max_backoff);
-    let mut conn = match ConnectionManager::new_lazy_with_config(client, config) {
-        Ok(conn) => conn,
-        Err(e) => {
-            tracing::error!(error = %e, "shared breaker store: cannot make a connection manager");
-            return;
-        }
-    };
-    let mut backoff = Duration::from_millis(25);
+    let mut backoff = link.settings.redis.backoff();
     let mut retry_at = Instant::now();
     let mut tick = tokio::time::interval(link.settings.resync_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut up = false;
     loop {
         tokio::select! {
-            _ = shutdown.changed() => return,
+            () = shutdown.stopped() => return,
             job = rx.recv() => {
                 let Some(job) = job else { return };
                 let Some(inner) = inner.upgrade() else { return };
@@ -157,17 +146,11 @@ pub(crate) async fn writer(
                 if run(&inner, &mut conn, &scripts, &args, &job).await.is_err() {
                     release_reserving(&job);
                     up = false;
-                    link.set_cmd_up(false);
-                    backoff = Duration::from_millis(25);
-                    retry_at = Instant::now() + backoff;
+                    retry_at = went_down(&link, &mut backoff);
                 }
             }
             _ = tokio::time::sleep_until(retry_at), if !up => {
-                let ping = tokio::time::timeout(
-                    link.settings.op_timeout,
-                    redis::cmd("PING").query_async::<String>(&mut conn),
-                ).await;
-                if matches!(ping, Ok(Ok(_))) {
+                if tower_llm_redis::ping(&mut conn, link.settings.redis.op_timeout()).await {
                     up = true;
                     link.set_cmd_up(true);
                     let Some(inner) = inner.upgrade() else { return };
@@ -177,8 +160,7 @@ pub(crate) async fn writer(
                     }
                 }
                 if !up {
-                    backoff = (backoff * 2).min(link.settings.max_backoff);
-                    retry_at = Instant::now() + backoff;
+                    retry_at = Instant::now() + backoff.next_wait();
                 }
             }
             Some(()) = resync.recv() => {
@@ -187,8 +169,7 @@ pub(crate) async fn writer(
                     let Some(inner) = inner.upgrade() else { return };
                     if resync_all(&inner, &mut conn, &scripts, &args).await.is_err() {
                         up = false;
-                        link.set_cmd_up(false);
-                        retry_at = Instant::now() + backoff;
+                        retry_at = went_down(&link, &mut backoff);
                     }
                 }
             }
@@ -196,13 +177,19 @@ pub(crate) async fn writer(
                 let Some(inner) = inner.upgrade() else { return };
                 if up && resync_all(&inner, &mut conn, &scripts, &args).await.is_err() {
                     up = false;
-                    link.set_cmd_up(false);
-                    backoff = Duration::from_millis(25);
-                    retry_at = Instant::now() + backoff;
+                    retry_at = went_down(&link, &mut backoff);
                 }
             }
         }
     }
+}
+
+/// Redis stopped answering: local rules at once; the first ping after
+/// the shortest wait. When to ping.
+fn went_down(link: &Link, backoff: &mut Backoff) -> Instant {
+    link.set_cmd_up(false);
+    backoff.reset();
+    Instant::now() + backoff.next_wait()
 }
 
 fn release_reserving(job: &Job) {
@@ -313,7 +300,7 @@ async fn invoke(
     for a in args.iter().chain(extra) {
         call.arg(a);
     }
-    match tokio::time::timeout(link.settings.op_timeout, call.invoke_async(conn)).await {
+    match tokio::time::timeout(link.settings.redis.op_timeout(), call.invoke_async(conn)).await {
         Ok(Ok(reply)) => Ok(reply),
         Ok(Err(e)) if !is_connection_error(&e) => {
             // The server answered with an error: a bug, not an outage.
@@ -358,7 +345,7 @@ async fn resync_all(
             run(inner, conn, scripts, args, &job).await?;
         }
     }
-    let timeout = inner.link().settings.op_timeout;
+    let timeout = inner.link().settings.redis.op_timeout();
     for chunk in entries.chunks(256) {
         let mut pipe = redis::pipe();
         pipe.cmd("TIME");
@@ -403,54 +390,34 @@ async fn resync_all(
     Ok(())
 }
 
-/// The listener: subscribes to the channel and adopts every message at
-/// once; reconnects with backoff, and asks the writer to resync each time
-/// the subscription is back.
-pub(crate) async fn listener(
-    inner: Weak<Inner>,
-    link: Arc<Link>,
-    client: redis::Client,
-    mut shutdown: watch::Receiver<bool>,
-    resync: mpsc::Sender<()>,
-) {
-    let mut backoff = Duration::from_millis(25);
-    loop {
-        let connect = async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&link.settings.channel).await?;
-            Ok::<_, redis::RedisError>(pubsub)
+/// The channel's side of the store (run by [`tower_llm_redis::listen`]):
+/// adopts every message at once, and asks the writer to resync each time
+/// the subscription is back (messages may have been missed).
+pub(crate) struct Listener {
+    pub(crate) inner: Weak<Inner>,
+    pub(crate) link: Arc<Link>,
+    pub(crate) resync: mpsc::Sender<()>,
+}
+
+impl Subscriber for Listener {
+    fn on_subscribed(&mut self) {
+        self.link.set_sub_up(true);
+        let _ = self.resync.try_send(());
+    }
+
+    fn on_message(&mut self, payload: &[u8]) -> ControlFlow<()> {
+        let Some(inner) = self.inner.upgrade() else {
+            return ControlFlow::Break(());
         };
-        let pubsub = tokio::select! {
-            _ = shutdown.changed() => return,
-            r = tokio::time::timeout(link.settings.op_timeout, connect) => r,
-        };
-        if let Ok(Ok(pubsub)) = pubsub {
-            backoff = Duration::from_millis(25);
-            link.set_sub_up(true);
-            let _ = resync.try_send(());
-            let mut messages = pubsub.into_on_message();
-            loop {
-                let msg = tokio::select! {
-                    _ = shutdown.changed() => return,
-                    msg = messages.next() => msg,
-                };
-                let Some(msg) = msg else { break };
-                let Some(inner) = inner.upgrade() else { return };
-                let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) else {
-                    continue;
-                };
-                if let Some((id, fleet)) = parse_message(payload) {
-                    if let Some(entry) = inner.entry(id) {
-                        adopt(&inner, &entry, &fleet);
-                    }
-                }
+        if let Some((id, fleet)) = std::str::from_utf8(payload).ok().and_then(parse_message) {
+            if let Some(entry) = inner.entry(id) {
+                adopt(&inner, &entry, &fleet);
             }
-            link.set_sub_up(false);
         }
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(link.settings.max_backoff);
+        ControlFlow::Continue(())
+    }
+
+    fn on_unsubscribed(&mut self) {
+        self.link.set_sub_up(false);
     }
 }

@@ -19,7 +19,7 @@ use tower_llm::config::{
 };
 use tower_llm::idempotency::{IdempotencyConfig, IdempotencyLayer};
 use tower_llm::{ChatRequest, ChatResponse, ChatStream, GenAiMetrics, Link, Metrics};
-use tower_llm_breaker_redis::RedisStore;
+use tower_llm_breaker_redis::RedisBreakerStore;
 use tower_llm_idempotency_redis::RedisIdempotencyStore;
 
 use crate::health::Probe;
@@ -313,7 +313,7 @@ pub(crate) struct Breakers {
     /// The shared settings it was built with (none: in memory).
     shared: Option<(SharedBreakerPolicy, BreakerConfig)>,
     /// The Redis store, when shared.
-    store: Option<Arc<RedisStore>>,
+    store: Option<Arc<RedisBreakerStore>>,
     /// `llm_breaker_shared_store_up` and `_dropped`, while this store is
     /// the gateway's.
     _metrics: Option<(
@@ -348,7 +348,7 @@ impl Breakers {
                 _metrics: None,
             }));
         };
-        let mut builder = RedisStore::builder(&shared.redis)
+        let mut builder = RedisBreakerStore::builder(&shared.redis)
             .map_err(|e| ConfigError::new(format!("breaker_shared.redis: {e}")))?
             .with_breaker_config(config);
         if let Some(prefix) = &shared.prefix {
