@@ -1,5 +1,5 @@
 //! The healthy path through a breaker whose store is a `MemoryStore`,
-//! side by side with one whose store is a `RedisStore` (issue 19: at most
+//! side by side with one whose store is a `RedisBreakerStore` (issue 19: at most
 //! 1.1× the local store; the hot path must not touch the network), in the
 //! same run. The Redis store is connected when a `redis-server` is on
 //! `PATH` (the bench starts its own on a free loopback port) or
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use tower::Layer;
 use tower_llm::breaker::{BreakerConfig, BreakerLayer};
-use tower_llm_breaker_redis::RedisStore;
+use tower_llm_breaker_redis::RedisBreakerStore;
 
 mod support;
 use support::{bare, call, current_thread};
@@ -62,7 +62,7 @@ fn healthy(c: &mut Criterion) {
         .expect("runtime");
     let store = {
         let _entered = background.enter();
-        Arc::new(RedisStore::open(&url, BreakerConfig::default()).expect("store"))
+        Arc::new(RedisBreakerStore::open(&url, BreakerConfig::default()).expect("store"))
     };
     let deadline = Instant::now() + Duration::from_secs(3);
     while !store.is_up() && Instant::now() < deadline {

@@ -160,9 +160,9 @@ pub mod providers {
     pub use tower_llm_providers::mock;
     pub use tower_llm_providers::{
         Anthropic, AnthropicConfig, ApiKey, AwsCredentials, Bedrock, BedrockConfig,
-        DEFAULT_MAX_BODY, MAX_MESSAGE, OpenAi, OpenAiConfig, OpenAiEmbeddings, ProviderFuture,
-        RequestBody, StreamFuture, StreamSource, StreamTimeouts, Streaming, anthropic, bedrock,
-        openai, stream, streaming,
+        DEFAULT_MAX_BODY, Dialect, MAX_MESSAGE, OpenAi, OpenAiConfig, OpenAiEmbeddings, Provider,
+        ProviderFuture, RequestBody, StreamFuture, StreamSource, StreamTimeouts, Streaming,
+        anthropic, bedrock, dialect, openai, stream, streaming,
     };
 }
 

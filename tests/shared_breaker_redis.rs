@@ -1,5 +1,5 @@
 //! Circuits shared through a real Redis (issue 19): three replicas, each
-//! its own tokio runtime, its own `RedisStore` (its own connections) and
+//! its own tokio runtime, its own `RedisBreakerStore` (its own connections) and
 //! its own breaker stack, in front of one loopback OpenAI-style server.
 //! Each test starts (and may kill and restart) its own `redis-server`; see
 //! `tower_llm_test_support::RedisServer` for when a test skips. Real time: Redis's clock and
@@ -14,7 +14,7 @@ use tower_llm::breaker::{BreakerConfig, BreakerHandle, BreakerKey, CircuitState,
 use tower_llm::prelude::*;
 use tower_llm::providers::https::client_with_connect_timeout;
 use tower_llm::providers::{ApiKey, OpenAi, OpenAiConfig};
-use tower_llm_breaker_redis::RedisStore;
+use tower_llm_breaker_redis::RedisBreakerStore;
 use tower_llm_providers::mock::{MockServer, Reply};
 use tower_llm_test_support::{RedisServer, within};
 
@@ -41,7 +41,7 @@ fn config(probes: u32, cooldown: Duration) -> BreakerConfig {
 struct Replica {
     name: String,
     rt: Option<tokio::runtime::Runtime>,
-    store: Arc<RedisStore>,
+    store: Arc<RedisBreakerStore>,
     handle: BreakerHandle,
     svc: Stack,
     /// Opens adopted from the shared store.
@@ -59,7 +59,7 @@ impl Replica {
         let adopted_opens = Arc::new(AtomicUsize::new(0));
         let opens = adopted_opens.clone();
         let store = Arc::new(
-            RedisStore::builder(redis)
+            RedisBreakerStore::builder(redis)
                 .expect("url")
                 .on_adopted(move |t| {
                     if t.to == CircuitState::Open {
@@ -492,7 +492,8 @@ async fn without_redis_a_replica_breaks_on_its_own_and_no_call_waits() {
     assert_eq!(server.received().len(), 5);
     // Its Debug names the address, never a URL with a password.
     let with_password =
-        RedisStore::open("redis://:hunter2@127.0.0.1:1", BreakerConfig::default()).expect("store");
+        RedisBreakerStore::open("redis://:hunter2@127.0.0.1:1", BreakerConfig::default())
+            .expect("store");
     let shown = format!("{with_password:?}");
     assert!(
         shown.contains("127.0.0.1:1") && !shown.contains("hunter2"),

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use tower::{Layer, ServiceExt, service_fn};
 use tower_llm_breaker::{BreakerConfig, BreakerKey, BreakerLayer, CircuitState};
-use tower_llm_breaker_redis::RedisStore;
+use tower_llm_breaker_redis::RedisBreakerStore;
 use tower_llm_core::{ChatRequest, ChatResponse, Failure, FailureClass, Link, Message};
 
 fn ok(req: &ChatRequest) -> ChatResponse {
@@ -47,9 +47,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..BreakerConfig::default()
     };
     let prefix = format!("propagation-{}:", std::process::id());
-    let store = |_: ()| -> Result<Arc<RedisStore>, Box<dyn std::error::Error>> {
+    let store = |_: ()| -> Result<Arc<RedisBreakerStore>, Box<dyn std::error::Error>> {
         Ok(Arc::new(
-            RedisStore::builder(&url)?
+            RedisBreakerStore::builder(&url)?
                 .with_breaker_config(config)
                 .with_prefix(prefix.clone())
                 .with_key_ttl(Duration::from_secs(5))
@@ -64,7 +64,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let layer = |s: &Arc<RedisStore>| {
+    let layer = |s: &Arc<RedisBreakerStore>| {
         BreakerLayer::new()
             .with_config(config)
             .map(|l| l.with_store(s.clone()))

@@ -5,6 +5,7 @@ use std::fmt::{self, Write as _};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tower_llm_breaker::{
     BreakerKey, Circuit, CircuitEvent, CircuitEvents, CircuitState, Transition,
@@ -24,7 +25,14 @@ pub(crate) struct Tickets {
     pub(crate) expires: Option<Instant>,
 }
 
-/// Attached to each local circuit of a [`RedisStore`](crate::RedisStore).
+/// An op and the circuit it is about: what the queue to the writer carries.
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub(crate) entry: Arc<Entry>,
+    pub(crate) op: Op,
+}
+
+/// Attached to each local circuit of a [`RedisBreakerStore`](crate::RedisBreakerStore).
 pub(crate) struct Entry {
     pub(crate) key: BreakerKey,
     /// The key's name in Redis, after the prefix.
@@ -32,6 +40,8 @@ pub(crate) struct Entry {
     pub(crate) hash_key: String,
     pub(crate) probes_key: String,
     pub(crate) link: Arc<Link>,
+    /// The queue to the writer.
+    tx: mpsc::Sender<Job>,
     /// The latest shared generation adopted.
     pub(crate) generation: AtomicU64,
     /// Failures may be counted in Redis: a success must reset them.
@@ -53,14 +63,15 @@ impl fmt::Debug for Entry {
 }
 
 impl Entry {
-    pub(crate) fn new(key: BreakerKey, link: Arc<Link>) -> Self {
+    pub(crate) fn new(key: BreakerKey, link: Arc<Link>, tx: mpsc::Sender<Job>) -> Self {
         let id = encode_key(&key);
         Entry {
-            hash_key: format!("{}{id}", link.settings.prefix),
-            probes_key: format!("{}{id}:probes", link.settings.prefix),
+            hash_key: link.settings.redis.key(&id),
+            probes_key: link.settings.redis.key(&format!("{id}:probes")),
             id,
             key,
             link,
+            tx,
             generation: AtomicU64::new(0),
             dirty: AtomicBool::new(false),
             successes: AtomicU32::new(0),
@@ -73,17 +84,42 @@ impl Entry {
         self.tickets.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn send(self: &Arc<Self>, op: Op) {
-        self.link.send(self, op);
+    /// Queues `op` unless Redis is down (then local rules apply and the
+    /// resync reconciles later). Never waits: a full queue drops the op
+    /// and counts it. `false` if not queued.
+    pub(crate) fn send(self: &Arc<Self>, op: Op) -> bool {
+        if !self.link.is_up() {
+            return false;
+        }
+        let job = Job {
+            entry: self.clone(),
+            op,
+        };
+        match self.tx.try_send(job) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.link.dropped.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+
+    /// Queues `op` whether or not Redis is up (a read or a reservation that
+    /// the worker itself schedules).
+    pub(crate) fn send_always(self: &Arc<Self>, op: Op) -> bool {
+        let job = Job {
+            entry: self.clone(),
+            op,
+        };
+        self.tx.try_send(job).is_ok()
     }
 
     /// Asks the worker for probe tokens (as many as the fleet may have:
     /// this replica has calls waiting), once at a time.
     pub(crate) fn kick(self: &Arc<Self>) {
         let want = self.link.settings.breaker.half_open_probes.max(1);
-        if !self.reserving.swap(true, Ordering::AcqRel)
-            && !self.link.send(self, Op::Reserve { want })
-        {
+        if !self.reserving.swap(true, Ordering::AcqRel) && !self.send(Op::Reserve { want }) {
             self.reserving.store(false, Ordering::Release);
         }
     }
@@ -127,6 +163,10 @@ pub(crate) struct Events(pub(crate) Arc<Entry>);
 impl CircuitEvents for Events {
     fn on_event(&self, _circuit: &Circuit, event: CircuitEvent, transition: Option<&Transition>) {
         let entry = &self.0;
+        // A report that is not queued is dropped (and counted): never waited for.
+        let send = |op: Op| {
+            entry.send(op);
+        };
         match event {
             CircuitEvent::Success => {
                 if entry.link.settings.breaker.failure_ratio.is_some() {
@@ -136,7 +176,7 @@ impl CircuitEvents for Events {
                 if entry.dirty.load(Ordering::Relaxed) && entry.dirty.swap(false, Ordering::AcqRel)
                 {
                     let successes = entry.take_successes();
-                    entry.send(Op::Success {
+                    send(Op::Success {
                         successes,
                         reset: true,
                     });
@@ -145,12 +185,12 @@ impl CircuitEvents for Events {
             CircuitEvent::Failure => {
                 entry.dirty.store(true, Ordering::Release);
                 match transition {
-                    Some(t) if t.to == CircuitState::Open => entry.send(Op::Trip {
+                    Some(t) if t.to == CircuitState::Open => send(Op::Trip {
                         reason: t.reason.as_metric_label(),
                     }),
                     _ => {
                         let successes = entry.take_successes();
-                        entry.send(Op::Failure { successes });
+                        send(Op::Failure { successes });
                     }
                 }
             }
@@ -165,23 +205,23 @@ impl CircuitEvents for Events {
                             CircuitEvent::ProbeFailed => ProbeResult::Fail,
                             _ => ProbeResult::Release,
                         };
-                        entry.send(Op::Probe { token, result });
+                        send(Op::Probe { token, result });
                     }
                     // A probe admitted by the local rules alone (Redis was
                     // down): its verdict is pushed as a local decision.
                     None => match (event, transition) {
-                        (CircuitEvent::ProbeFailed, _) => entry.send(Op::Trip {
+                        (CircuitEvent::ProbeFailed, _) => send(Op::Trip {
                             reason: "probe_failed",
                         }),
-                        (CircuitEvent::ProbeSucceeded, Some(_)) => entry.send(Op::Close {
+                        (CircuitEvent::ProbeSucceeded, Some(_)) => send(Op::Close {
                             reason: "probes_succeeded",
                         }),
                         _ => {}
                     },
                 }
             }
-            CircuitEvent::Isolated => entry.send(Op::Isolate),
-            CircuitEvent::ClosedByHand => entry.send(Op::Close {
+            CircuitEvent::Isolated => send(Op::Isolate),
+            CircuitEvent::ClosedByHand => send(Op::Close {
                 reason: "closed_by_hand",
             }),
             _ => {}

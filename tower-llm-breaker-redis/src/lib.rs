@@ -1,7 +1,7 @@
 //! Circuits shared across replicas through Redis: one replica trips, all
 //! are protected.
 //!
-//! [`RedisStore`] is a [`BreakerStore`](tower_llm_breaker::BreakerStore)
+//! [`RedisBreakerStore`] is a [`BreakerStore`](tower_llm_breaker::BreakerStore)
 //! for any [`BreakerLayer`](tower_llm_breaker::BreakerLayer). Every
 //! replica using the same Redis and prefix sees the same circuits: failures
 //! from all of them add up toward one threshold (and one ratio window), an
@@ -13,7 +13,7 @@
 //! use std::sync::Arc;
 //! use tower::{Layer, service_fn};
 //! use tower_llm_breaker::{BreakerConfig, BreakerLayer};
-//! use tower_llm_breaker_redis::RedisStore;
+//! use tower_llm_breaker_redis::RedisBreakerStore;
 //! use tower_llm_core::{ChatRequest, ChatResponse, Failure, FailureClass};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -21,7 +21,7 @@
 //! let config = BreakerConfig { consecutive_failures: 5, ..BreakerConfig::default() };
 //! // The same config for the store and the layer: the store runs the
 //! // shared threshold, cooldown and probe count with it.
-//! let store = RedisStore::open("redis://127.0.0.1:6379", config)?;
+//! let store = RedisBreakerStore::open("redis://127.0.0.1:6379", config)?;
 //! let layer = BreakerLayer::new().with_config(config)?.with_store(Arc::new(store));
 //! let provider = service_fn(|_: ChatRequest| async {
 //!     Err::<ChatResponse, _>(Failure::new(FailureClass::Transient))
@@ -49,7 +49,7 @@
 //! the channel (and from the script's reply, for the replica that ran it).
 //! Every second (by default) each replica reads its circuits back (one
 //! pipelined round trip per 256 circuits), the safety net under pub/sub.
-//! [`RedisStoreBuilder::on_adopted`] is told of every change adopted from
+//! [`RedisBreakerStoreBuilder::on_adopted`] is told of every change adopted from
 //! another replica.
 //!
 //! When the shared cooldown ends, each replica that knows the circuit asks
@@ -91,14 +91,35 @@
 //! last change (an open one, its cooldown plus that); a forgotten key
 //! reads closed.
 //!
+//! The connection, the reconnection backoff, the pub/sub listener and the
+//! URL handling are [`tower_llm_redis`]'s, shared with every Redis-backed
+//! store of tower-llm.
+//!
 //! # Feature flags
 //!
 //! None.
 
 mod entry;
+mod fleet;
+mod inner;
 mod link;
 mod scripts;
 mod store;
 mod worker;
 
-pub use store::{RedisStore, RedisStoreBuilder, RedisStoreError};
+pub use store::{RedisBreakerStore, RedisBreakerStoreBuilder, RedisBreakerStoreError};
+
+/// Renamed [`RedisBreakerStore`] (the idempotency store had the same
+/// name); this alias goes in the next release.
+#[deprecated(note = "renamed `RedisBreakerStore`")]
+pub type RedisStore = RedisBreakerStore;
+
+/// Renamed [`RedisBreakerStoreBuilder`]; this alias goes in the next
+/// release.
+#[deprecated(note = "renamed `RedisBreakerStoreBuilder`")]
+pub type RedisStoreBuilder = RedisBreakerStoreBuilder;
+
+/// Renamed [`RedisBreakerStoreError`]; this alias goes in the next
+/// release.
+#[deprecated(note = "renamed `RedisBreakerStoreError`")]
+pub type RedisStoreError = RedisBreakerStoreError;

@@ -1,25 +1,21 @@
-//! What the local circuits share with the background tasks: the queue to
-//! Redis, whether Redis is up, and the settings.
+//! What the local circuits share with the background tasks: the settings,
+//! the ops they queue, whether Redis is up.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use tower_llm_breaker::BreakerConfig;
-
-use crate::entry::Entry;
+use tower_llm_redis::RedisSettings;
 
 /// The settings every script and task reads.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
-    pub(crate) prefix: String,
+    /// The server, the prefix, the command timeout, the backoff.
+    pub(crate) redis: RedisSettings,
     pub(crate) channel: String,
     pub(crate) breaker: BreakerConfig,
-    pub(crate) op_timeout: Duration,
     pub(crate) resync_every: Duration,
     pub(crate) key_ttl: Duration,
-    pub(crate) max_backoff: Duration,
     /// This store's name in probe tokens.
     pub(crate) replica: String,
 }
@@ -95,17 +91,9 @@ pub(crate) enum Op {
     Sync,
 }
 
-/// An op and the circuit it is about.
-#[derive(Debug)]
-pub(crate) struct Job {
-    pub(crate) entry: Arc<Entry>,
-    pub(crate) op: Op,
-}
-
 /// Shared by every entry and the background tasks.
 #[derive(Debug)]
 pub(crate) struct Link {
-    pub(crate) tx: mpsc::Sender<Job>,
     pub(crate) settings: Settings,
     /// Commands answer.
     cmd_up: AtomicBool,
@@ -116,9 +104,8 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    pub(crate) fn new(tx: mpsc::Sender<Job>, settings: Settings) -> Self {
+    pub(crate) fn new(settings: Settings) -> Self {
         Link {
-            tx,
             settings,
             cmd_up: AtomicBool::new(false),
             sub_up: AtomicBool::new(false),
@@ -130,37 +117,6 @@ impl Link {
     /// apply. Otherwise each replica breaks on its own.
     pub(crate) fn is_up(&self) -> bool {
         self.cmd_up.load(Ordering::Acquire) && self.sub_up.load(Ordering::Acquire)
-    }
-
-    /// Queues `op` unless Redis is down (then local rules apply and the
-    /// resync reconciles later). Never waits: a full queue drops the op
-    /// and counts it. `false` if not queued.
-    pub(crate) fn send(&self, entry: &Arc<Entry>, op: Op) -> bool {
-        if !self.is_up() {
-            return false;
-        }
-        let job = Job {
-            entry: entry.clone(),
-            op,
-        };
-        match self.tx.try_send(job) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-                false
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
-        }
-    }
-
-    /// Queues `op` whether or not Redis is up (a read or a reservation that
-    /// the worker itself schedules).
-    pub(crate) fn send_always(&self, entry: &Arc<Entry>, op: Op) -> bool {
-        let job = Job {
-            entry: entry.clone(),
-            op,
-        };
-        self.tx.try_send(job).is_ok()
     }
 
     pub(crate) fn set_cmd_up(&self, up: bool) {
@@ -180,11 +136,11 @@ impl Link {
         let now = self.is_up();
         if before && !now {
             tracing::warn!(
-                prefix = %self.settings.prefix,
+                prefix = %self.settings.redis.prefix(),
                 "shared breaker store down: each replica breaks on its own until it is back"
             );
         } else if !before && now {
-            tracing::info!(prefix = %self.settings.prefix, "shared breaker store up");
+            tracing::info!(prefix = %self.settings.redis.prefix(), "shared breaker store up");
         }
     }
 }

@@ -1,85 +1,29 @@
 //! The store: local circuits (a [`MemoryStore`]) mirrored to Redis.
 
-use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use opentelemetry::metrics::{Meter, ObservableCounter, ObservableGauge};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tower_llm_breaker::{
     BreakerConfig, BreakerKey, BreakerStore, Circuit, KeyView, MemoryStore, Observer, Transition,
 };
+use tower_llm_redis::{RedisSettings, Shutdown};
 
 use crate::entry::{Entry, Events};
+use crate::inner::{Inner, Registry};
 use crate::link::{Link, Op, Settings};
 use crate::worker;
 
-/// Why a [`RedisStore`] could not be made.
-#[derive(Debug)]
-pub struct RedisStoreError {
-    message: String,
-}
+/// Why a [`RedisBreakerStore`] could not be made: its URL does not
+/// parse, or there is no tokio runtime (the shared Redis plumbing's
+/// [`Error`](tower_llm_redis::Error), with its `is_*()` predicates).
+pub type RedisBreakerStoreError = tower_llm_redis::Error;
 
-impl RedisStoreError {
-    fn new(message: impl Into<String>) -> Self {
-        RedisStoreError {
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for RedisStoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "redis breaker store: {}", self.message)
-    }
-}
-
-impl std::error::Error for RedisStoreError {}
-
-/// What the store and its tasks share.
-pub(crate) struct Inner {
-    pub(crate) local: MemoryStore,
-    link: Arc<Link>,
-    registry: Arc<Registry>,
-    /// Told of every state change adopted from another replica.
-    pub(crate) observer: Option<Observer>,
-}
-
-/// The entries of live circuits, by their Redis name (cold paths only:
-/// a new circuit, a message, a resync).
-#[derive(Default)]
-struct Registry {
-    entries: Mutex<HashMap<String, Weak<Entry>>>,
-}
-
-impl Inner {
-    /// The link (settings, queue, up flags).
-    pub(crate) fn link(&self) -> &Link {
-        &self.link
-    }
-
-    pub(crate) fn entry(&self, id: &str) -> Option<Arc<Entry>> {
-        self.registry
-            .entries
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(id)
-            .and_then(Weak::upgrade)
-    }
-
-    /// Every live entry (and forgets dead ones).
-    pub(crate) fn entries(&self) -> Vec<Arc<Entry>> {
-        let mut map = self
-            .registry
-            .entries
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        map.retain(|_, e| e.strong_count() > 0);
-        map.values().filter_map(Weak::upgrade).collect()
-    }
-}
+/// The store's name in errors.
+const STORE: &str = "redis breaker store";
 
 /// A [`BreakerStore`] whose circuits are shared by every replica using
 /// the same Redis (and prefix): see the [crate docs](crate).
@@ -88,32 +32,25 @@ impl Inner {
 /// request path reads only those; two background tasks write outcomes to
 /// Redis and adopt what other replicas decide. Made inside a tokio
 /// runtime (it spawns them); they stop when the store is dropped.
-pub struct RedisStore {
+pub struct RedisBreakerStore {
     inner: Arc<Inner>,
     link: Arc<Link>,
-    addr: String,
-    shutdown: watch::Sender<bool>,
+    /// Stops the two tasks when the store is dropped.
+    _shutdown: Shutdown,
 }
 
-impl fmt::Debug for RedisStore {
+impl fmt::Debug for RedisBreakerStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The address only: never the URL (it may carry a password).
-        f.debug_struct("RedisStore")
-            .field("addr", &self.addr)
-            .field("prefix", &self.link.settings.prefix)
+        f.debug_struct("RedisBreakerStore")
+            .field("redis", &self.link.settings.redis)
             .field("up", &self.is_up())
             .field("local", &self.inner.local)
             .finish_non_exhaustive()
     }
 }
 
-impl Drop for RedisStore {
-    fn drop(&mut self) {
-        let _ = self.shutdown.send(true);
-    }
-}
-
-impl RedisStore {
+impl RedisBreakerStore {
     /// A store on the Redis at `url` (`redis://[:password@]host[:port][/db]`)
     /// with the default settings and the breaker's `config`, which must be
     /// the one the layers using the store have (it sets the shared
@@ -124,8 +61,8 @@ impl RedisStore {
     /// When the URL does not parse, or there is no tokio runtime. A server
     /// that does not answer is not an error: the store starts local-only
     /// and connects in the background.
-    pub fn open(url: &str, config: BreakerConfig) -> Result<Self, RedisStoreError> {
-        RedisStore::builder(url)?
+    pub fn open(url: &str, config: BreakerConfig) -> Result<Self, RedisBreakerStoreError> {
+        RedisBreakerStore::builder(url)?
             .with_breaker_config(config)
             .build()
     }
@@ -135,20 +72,14 @@ impl RedisStore {
     /// # Errors
     ///
     /// When the URL does not parse.
-    pub fn builder(url: &str) -> Result<RedisStoreBuilder, RedisStoreError> {
-        let client = redis::Client::open(url)
-            // The error may quote the URL: do not pass it on.
-            .map_err(|_| RedisStoreError::new("invalid Redis URL"))?;
-        Ok(RedisStoreBuilder {
-            client,
-            prefix: "tower-llm:breaker:".to_owned(),
+    pub fn builder(url: &str) -> Result<RedisBreakerStoreBuilder, RedisBreakerStoreError> {
+        Ok(RedisBreakerStoreBuilder {
+            redis: RedisSettings::new(STORE, url, "tower-llm:breaker:")?,
             breaker: BreakerConfig::default(),
             max_keys: 10_000,
             queue: 4096,
-            op_timeout: Duration::from_millis(250),
             resync_every: Duration::from_secs(1),
             key_ttl: Duration::from_secs(3600),
-            max_backoff: Duration::from_secs(2),
             observer: None,
         })
     }
@@ -172,7 +103,8 @@ impl RedisStore {
         &self,
         meter: &Meter,
     ) -> (ObservableGauge<i64>, ObservableCounter<u64>) {
-        let prefix = opentelemetry::KeyValue::new("prefix", self.link.settings.prefix.clone());
+        let prefix =
+            opentelemetry::KeyValue::new("prefix", self.link.settings.redis.prefix().to_owned());
         let link = Arc::downgrade(&self.link);
         let labels = [prefix.clone()];
         let gauge = meter
@@ -199,7 +131,7 @@ impl RedisStore {
     }
 }
 
-impl BreakerStore for RedisStore {
+impl BreakerStore for RedisBreakerStore {
     fn circuit(&self, key: BreakerKey) -> Arc<Circuit> {
         self.inner.local.circuit(key)
     }
@@ -222,33 +154,26 @@ impl BreakerStore for RedisStore {
     }
 }
 
-/// Settings of a [`RedisStore`]: see [`RedisStore::builder`].
-pub struct RedisStoreBuilder {
-    client: redis::Client,
-    prefix: String,
+/// Settings of a [`RedisBreakerStore`]: see [`RedisBreakerStore::builder`].
+pub struct RedisBreakerStoreBuilder {
+    redis: RedisSettings,
     breaker: BreakerConfig,
     max_keys: usize,
     queue: usize,
-    op_timeout: Duration,
     resync_every: Duration,
     key_ttl: Duration,
-    max_backoff: Duration,
     observer: Option<Observer>,
 }
 
-impl fmt::Debug for RedisStoreBuilder {
+impl fmt::Debug for RedisBreakerStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStoreBuilder")
-            .field(
-                "addr",
-                &self.client.get_connection_info().addr().to_string(),
-            )
-            .field("prefix", &self.prefix)
+        f.debug_struct("RedisBreakerStoreBuilder")
+            .field("redis", &self.redis)
             .finish_non_exhaustive()
     }
 }
 
-impl RedisStoreBuilder {
+impl RedisBreakerStoreBuilder {
     /// The breaker settings the layers using this store have (default
     /// [`BreakerConfig::default`]): the shared threshold, ratio window,
     /// cooldown and probe count come from it.
@@ -262,7 +187,7 @@ impl RedisStoreBuilder {
     /// `tower-llm:breaker:`). Replicas share circuits when they share it.
     #[must_use]
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
+        self.redis = self.redis.with_prefix(prefix);
         self
     }
 
@@ -287,7 +212,7 @@ impl RedisStoreBuilder {
     /// (default 250 ms).
     #[must_use]
     pub fn with_op_timeout(mut self, timeout: Duration) -> Self {
-        self.op_timeout = timeout;
+        self.redis = self.redis.with_op_timeout(timeout);
         self
     }
 
@@ -311,7 +236,7 @@ impl RedisStoreBuilder {
     /// start at 25 ms and double).
     #[must_use]
     pub fn with_max_backoff(mut self, max: Duration) -> Self {
-        self.max_backoff = max.max(Duration::from_millis(25));
+        self.redis = self.redis.with_max_backoff(max);
         self
     }
 
@@ -330,10 +255,11 @@ impl RedisStoreBuilder {
     ///
     /// # Errors
     ///
-    /// When called outside a tokio runtime.
-    pub fn build(self) -> Result<RedisStore, RedisStoreError> {
-        let runtime = tokio::runtime::Handle::try_current()
-            .map_err(|_| RedisStoreError::new("must be built inside a tokio runtime"))?;
+    /// When called outside a tokio runtime, or the connection manager
+    /// cannot be made.
+    pub fn build(self) -> Result<RedisBreakerStore, RedisBreakerStoreError> {
+        let runtime = self.redis.runtime()?;
+        let conn = self.redis.connection_manager()?;
         let (tx, rx) = mpsc::channel(self.queue);
         let replica = format!(
             "{}-{}",
@@ -344,61 +270,78 @@ impl RedisStoreBuilder {
                 .unwrap_or_default()
         );
         let settings = Settings {
-            channel: format!("{}events", self.prefix),
-            prefix: self.prefix,
+            channel: self.redis.key("events"),
+            redis: self.redis,
             breaker: self.breaker,
-            op_timeout: self.op_timeout,
             resync_every: self.resync_every,
             key_ttl: self.key_ttl,
-            max_backoff: self.max_backoff,
             replica,
         };
-        let link = Arc::new(Link::new(tx, settings));
+        let link = Arc::new(Link::new(settings));
         let registry = Arc::new(Registry::default());
         let local = {
             let link = link.clone();
             let registry = registry.clone();
             MemoryStore::new(self.max_keys).with_circuits(move |key| {
-                let entry = Arc::new(Entry::new(key.clone(), link.clone()));
-                registry
-                    .entries
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(entry.id.clone(), Arc::downgrade(&entry));
+                let entry = Arc::new(Entry::new(key.clone(), link.clone(), tx.clone()));
+                registry.insert(&entry);
                 // Learn the shared state of a key seen for the first time.
-                link.send(&entry, Op::Sync);
+                entry.send(Op::Sync);
                 Circuit::with_events(key, Arc::new(Events(entry)))
             })
         };
-        let inner = Arc::new(Inner {
-            local,
-            link: link.clone(),
-            registry,
-            observer: self.observer,
-        });
-        let (shutdown, watch_rx) = watch::channel(false);
+        let inner = Arc::new(Inner::new(local, link.clone(), registry, self.observer));
+        let shutdown = Shutdown::new();
         let (resync_tx, resync_rx) = mpsc::channel(1);
-        let addr = self.client.get_connection_info().addr().to_string();
         runtime.spawn(worker::writer(
             Arc::downgrade(&inner),
             link.clone(),
-            self.client.clone(),
+            conn,
             rx,
-            watch_rx.clone(),
+            shutdown.signal(),
             resync_rx,
         ));
-        runtime.spawn(worker::listener(
-            Arc::downgrade(&inner),
-            link.clone(),
-            self.client,
-            watch_rx,
-            resync_tx,
+        runtime.spawn(tower_llm_redis::listen(
+            link.settings.redis.clone(),
+            link.settings.channel.clone(),
+            worker::Listener {
+                inner: Arc::downgrade(&inner),
+                link: link.clone(),
+                resync: resync_tx,
+            },
+            shutdown.signal(),
         ));
-        Ok(RedisStore {
+        Ok(RedisBreakerStore {
             inner,
             link,
-            addr,
-            shutdown,
+            _shutdown: shutdown,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[allow(deprecated)]
+    fn the_old_names_still_name_the_store() {
+        let builder: fn(&str) -> Result<crate::RedisStoreBuilder, crate::RedisStoreError> =
+            crate::RedisStore::builder;
+        let err = builder("http://:hunter2@x").expect_err("not redis");
+        assert!(err.is_invalid_url());
+        assert_eq!(err.to_string(), "redis breaker store: invalid Redis URL");
+    }
+
+    #[test]
+    fn the_builder_hides_the_password_and_needs_a_runtime() {
+        let builder =
+            RedisBreakerStore::builder("redis://user:hunter2@127.0.0.1:1").expect("parses");
+        let shown = format!("{builder:?}");
+        assert!(
+            shown.contains("127.0.0.1:1") && !shown.contains("hunter2"),
+            "{shown}"
+        );
+        assert!(builder.build().expect_err("no runtime").is_no_runtime());
     }
 }

@@ -1,120 +1,22 @@
 //! The background tasks: one writes to Redis from the queue (and resyncs),
 //! one listens to the channel. Nothing here is ever awaited by a call.
 
+use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use redis::aio::ConnectionManager;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tower_llm_breaker::{BreakerStore, CircuitState, TransitionReason};
+use tower_llm_redis::{Backoff, ShutdownSignal, Subscriber};
 
-use crate::entry::{Entry, Tickets};
-use crate::link::{Job, Link, Op};
+use crate::entry::{Entry, Job, Tickets};
+use crate::fleet::{Fleet, FleetState, Reply, fleet_of_fields, parse_message, parse_reply};
+use crate::inner::Inner;
+use crate::link::{Link, Op};
 use crate::scripts::Scripts;
-use crate::store::Inner;
-
-/// The shared state of one circuit, as a script or a message gives it.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Fleet {
-    pub(crate) generation: u64,
-    pub(crate) state: FleetState,
-    pub(crate) rest: Duration,
-    pub(crate) reopens: u32,
-    pub(crate) reason: TransitionReason,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FleetState {
-    Closed,
-    Open,
-    Isolated,
-    /// Not a state: failures are being counted (a success must reset them).
-    Failing,
-}
-
-#[derive(Debug, PartialEq)]
-pub(crate) enum Reply {
-    State(Fleet),
-    Counted,
-    Reserved {
-        generation: u64,
-        cooldown: Duration,
-        tokens: Vec<String>,
-    },
-    Nothing,
-}
-
-fn reason(label: &str, state: FleetState) -> TransitionReason {
-    match label {
-        "consecutive_failures" => TransitionReason::ConsecutiveFailures,
-        "failure_ratio" => TransitionReason::FailureRatio,
-        "probe_failed" => TransitionReason::ProbeFailed,
-        "probes_succeeded" => TransitionReason::ProbesSucceeded,
-        "closed_by_hand" => TransitionReason::ClosedByHand,
-        "isolated" => TransitionReason::Isolated,
-        _ => match state {
-            FleetState::Open => TransitionReason::ConsecutiveFailures,
-            FleetState::Isolated => TransitionReason::Isolated,
-            _ => TransitionReason::ProbesSucceeded,
-        },
-    }
-}
-
-fn fleet(generation: &str, state: &str, rest: &str, reopens: &str, why: &str) -> Option<Fleet> {
-    let state = match state {
-        "closed" => FleetState::Closed,
-        "open" => FleetState::Open,
-        "isolated" => FleetState::Isolated,
-        "failing" => FleetState::Failing,
-        _ => return None,
-    };
-    Some(Fleet {
-        generation: generation.parse().ok()?,
-        state,
-        rest: Duration::from_millis(rest.parse().ok()?),
-        reopens: reopens.parse().ok()?,
-        reason: reason(why, state),
-    })
-}
-
-/// Parses a script's reply (see `scripts.rs`); `None` if malformed.
-pub(crate) fn parse_reply(v: &[String]) -> Option<Reply> {
-    match v.first().map(String::as_str)? {
-        "S" => match v {
-            [_, g, st, rest, re, why] => fleet(g, st, rest, re, why).map(Reply::State),
-            _ => None,
-        },
-        "C" => Some(Reply::Counted),
-        "R" => {
-            let generation = v.get(1)?.parse().ok()?;
-            let cooldown = Duration::from_millis(v.get(2)?.parse().ok()?);
-            Some(Reply::Reserved {
-                generation,
-                cooldown,
-                tokens: v.get(3..)?.to_vec(),
-            })
-        }
-        "N" => Some(Reply::Nothing),
-        _ => None,
-    }
-}
-
-/// Parses a channel message: `(id, state)`.
-pub(crate) fn parse_message(payload: &str) -> Option<(&str, Fleet)> {
-    let mut parts = payload.splitn(6, '|');
-    let (g, st, rest, re, why, id) = (
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-        parts.next()?,
-    );
-    Some((id, fleet(g, st, rest, re, why)?))
-}
 
 /// Adopts a newer shared state into the local circuit.
 pub(crate) fn adopt(inner: &Inner, entry: &Arc<Entry>, fleet: &Fleet) {
@@ -178,7 +80,7 @@ fn schedule_reserve(entry: &Arc<Entry>, after: Duration) {
     let entry = entry.clone();
     tokio::spawn(async move {
         tokio::time::sleep(after).await;
-        if !entry.link.send_always(&entry, Op::Reserve { want: 1 }) {
+        if !entry.send_always(Op::Reserve { want: 1 }) {
             entry.reserving.store(false, Ordering::Release);
         }
     });
@@ -219,33 +121,21 @@ fn reconcile(inner: &Inner, entry: &Arc<Entry>, fleet: &Fleet) -> Option<Op> {
 pub(crate) async fn writer(
     inner: Weak<Inner>,
     link: Arc<Link>,
-    client: redis::Client,
+    mut conn: ConnectionManager,
     mut rx: mpsc::Receiver<Job>,
-    mut shutdown: watch::Receiver<bool>,
+    mut shutdown: ShutdownSignal,
     mut resync: mpsc::Receiver<()>,
 ) {
     let scripts = Scripts::new();
     let args = link.settings.script_args();
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(link.settings.op_timeout))
-        .set_response_timeout(Some(link.settings.op_timeout))
-        .set_number_of_retries(1)
-        .set_max_delay(link.settings.max_backoff);
-    let mut conn = match ConnectionManager::new_lazy_with_config(client, config) {
-        Ok(conn) => conn,
-        Err(e) => {
-            tracing::error!(error = %e, "shared breaker store: cannot make a connection manager");
-            return;
-        }
-    };
-    let mut backoff = Duration::from_millis(25);
+    let mut backoff = link.settings.redis.backoff();
     let mut retry_at = Instant::now();
     let mut tick = tokio::time::interval(link.settings.resync_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut up = false;
     loop {
         tokio::select! {
-            _ = shutdown.changed() => return,
+            () = shutdown.stopped() => return,
             job = rx.recv() => {
                 let Some(job) = job else { return };
                 let Some(inner) = inner.upgrade() else { return };
@@ -256,17 +146,11 @@ pub(crate) async fn writer(
                 if run(&inner, &mut conn, &scripts, &args, &job).await.is_err() {
                     release_reserving(&job);
                     up = false;
-                    link.set_cmd_up(false);
-                    backoff = Duration::from_millis(25);
-                    retry_at = Instant::now() + backoff;
+                    retry_at = went_down(&link, &mut backoff);
                 }
             }
             _ = tokio::time::sleep_until(retry_at), if !up => {
-                let ping = tokio::time::timeout(
-                    link.settings.op_timeout,
-                    redis::cmd("PING").query_async::<String>(&mut conn),
-                ).await;
-                if matches!(ping, Ok(Ok(_))) {
+                if tower_llm_redis::ping(&mut conn, link.settings.redis.op_timeout()).await {
                     up = true;
                     link.set_cmd_up(true);
                     let Some(inner) = inner.upgrade() else { return };
@@ -276,8 +160,7 @@ pub(crate) async fn writer(
                     }
                 }
                 if !up {
-                    backoff = (backoff * 2).min(link.settings.max_backoff);
-                    retry_at = Instant::now() + backoff;
+                    retry_at = Instant::now() + backoff.next_wait();
                 }
             }
             Some(()) = resync.recv() => {
@@ -286,8 +169,7 @@ pub(crate) async fn writer(
                     let Some(inner) = inner.upgrade() else { return };
                     if resync_all(&inner, &mut conn, &scripts, &args).await.is_err() {
                         up = false;
-                        link.set_cmd_up(false);
-                        retry_at = Instant::now() + backoff;
+                        retry_at = went_down(&link, &mut backoff);
                     }
                 }
             }
@@ -295,13 +177,19 @@ pub(crate) async fn writer(
                 let Some(inner) = inner.upgrade() else { return };
                 if up && resync_all(&inner, &mut conn, &scripts, &args).await.is_err() {
                     up = false;
-                    link.set_cmd_up(false);
-                    backoff = Duration::from_millis(25);
-                    retry_at = Instant::now() + backoff;
+                    retry_at = went_down(&link, &mut backoff);
                 }
             }
         }
     }
+}
+
+/// Redis stopped answering: local rules at once; the first ping after
+/// the shortest wait. When to ping.
+fn went_down(link: &Link, backoff: &mut Backoff) -> Instant {
+    link.set_cmd_up(false);
+    backoff.reset();
+    Instant::now() + backoff.next_wait()
 }
 
 fn release_reserving(job: &Job) {
@@ -412,7 +300,7 @@ async fn invoke(
     for a in args.iter().chain(extra) {
         call.arg(a);
     }
-    match tokio::time::timeout(link.settings.op_timeout, call.invoke_async(conn)).await {
+    match tokio::time::timeout(link.settings.redis.op_timeout(), call.invoke_async(conn)).await {
         Ok(Ok(reply)) => Ok(reply),
         Ok(Err(e)) if !is_connection_error(&e) => {
             // The server answered with an error: a bug, not an outage.
@@ -457,7 +345,7 @@ async fn resync_all(
             run(inner, conn, scripts, args, &job).await?;
         }
     }
-    let timeout = inner.link().settings.op_timeout;
+    let timeout = inner.link().settings.redis.op_timeout();
     for chunk in entries.chunks(256) {
         let mut pipe = redis::pipe();
         pipe.cmd("TIME");
@@ -502,153 +390,34 @@ async fn resync_all(
     Ok(())
 }
 
-/// The shared state from `HMGET st until re gen why` at server time `now`
-/// (ms); an absent key reads closed.
-fn fleet_of_fields(fields: &[Option<String>], now: u64) -> Option<Fleet> {
-    let field = |i: usize| fields.get(i).and_then(Option::as_deref);
-    let number = |i: usize| field(i).map_or(Some(0), |v| v.parse::<u64>().ok());
-    let state = field(0).unwrap_or("closed");
-    let rest = if state == "open" {
-        number(1)?.saturating_sub(now)
-    } else {
-        0
-    };
-    fleet(
-        &number(3)?.to_string(),
-        state,
-        &rest.to_string(),
-        &number(2)?.to_string(),
-        field(4).unwrap_or("none"),
-    )
+/// The channel's side of the store (run by [`tower_llm_redis::listen`]):
+/// adopts every message at once, and asks the writer to resync each time
+/// the subscription is back (messages may have been missed).
+pub(crate) struct Listener {
+    pub(crate) inner: Weak<Inner>,
+    pub(crate) link: Arc<Link>,
+    pub(crate) resync: mpsc::Sender<()>,
 }
 
-/// The listener: subscribes to the channel and adopts every message at
-/// once; reconnects with backoff, and asks the writer to resync each time
-/// the subscription is back.
-pub(crate) async fn listener(
-    inner: Weak<Inner>,
-    link: Arc<Link>,
-    client: redis::Client,
-    mut shutdown: watch::Receiver<bool>,
-    resync: mpsc::Sender<()>,
-) {
-    let mut backoff = Duration::from_millis(25);
-    loop {
-        let connect = async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&link.settings.channel).await?;
-            Ok::<_, redis::RedisError>(pubsub)
+impl Subscriber for Listener {
+    fn on_subscribed(&mut self) {
+        self.link.set_sub_up(true);
+        let _ = self.resync.try_send(());
+    }
+
+    fn on_message(&mut self, payload: &[u8]) -> ControlFlow<()> {
+        let Some(inner) = self.inner.upgrade() else {
+            return ControlFlow::Break(());
         };
-        let pubsub = tokio::select! {
-            _ = shutdown.changed() => return,
-            r = tokio::time::timeout(link.settings.op_timeout, connect) => r,
-        };
-        if let Ok(Ok(pubsub)) = pubsub {
-            backoff = Duration::from_millis(25);
-            link.set_sub_up(true);
-            let _ = resync.try_send(());
-            let mut messages = pubsub.into_on_message();
-            loop {
-                let msg = tokio::select! {
-                    _ = shutdown.changed() => return,
-                    msg = messages.next() => msg,
-                };
-                let Some(msg) = msg else { break };
-                let Some(inner) = inner.upgrade() else { return };
-                let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) else {
-                    continue;
-                };
-                if let Some((id, fleet)) = parse_message(payload) {
-                    if let Some(entry) = inner.entry(id) {
-                        adopt(&inner, &entry, &fleet);
-                    }
-                }
+        if let Some((id, fleet)) = std::str::from_utf8(payload).ok().and_then(parse_message) {
+            if let Some(entry) = inner.entry(id) {
+                adopt(&inner, &entry, &fleet);
             }
-            link.set_sub_up(false);
         }
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(link.settings.max_backoff);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn strings(v: &[&str]) -> Vec<String> {
-        v.iter().map(|s| (*s).to_owned()).collect()
+        ControlFlow::Continue(())
     }
 
-    #[test]
-    fn replies_parse_and_malformed_ones_do_not() {
-        assert_eq!(
-            parse_reply(&strings(&["S", "17", "open", "250", "2", "probe_failed"])),
-            Some(Reply::State(Fleet {
-                generation: 17,
-                state: FleetState::Open,
-                rest: Duration::from_millis(250),
-                reopens: 2,
-                reason: TransitionReason::ProbeFailed,
-            }))
-        );
-        assert_eq!(
-            parse_reply(&strings(&["R", "9", "1000", "a:1", "a:2"])),
-            Some(Reply::Reserved {
-                generation: 9,
-                cooldown: Duration::from_secs(1),
-                tokens: strings(&["a:1", "a:2"]),
-            })
-        );
-        assert_eq!(
-            parse_reply(&strings(&["S", "x", "open", "1", "0", "y"])),
-            None
-        );
-        assert_eq!(
-            parse_reply(&strings(&["S", "1", "weird", "1", "0", "y"])),
-            None
-        );
-        assert_eq!(parse_reply(&strings(&["Q"])), None);
-        assert_eq!(parse_reply(&[]), None);
-    }
-
-    #[test]
-    fn messages_keep_pipes_in_the_id_out() {
-        let (id, fleet) = parse_message("5|closed|0|0|closed_by_hand|p/m").expect("parses");
-        assert_eq!(id, "p/m");
-        assert_eq!(fleet.state, FleetState::Closed);
-        assert_eq!(fleet.reason, TransitionReason::ClosedByHand);
-        assert!(parse_message("5|closed|0|0").is_none());
-    }
-
-    #[test]
-    fn a_forgotten_key_reads_closed_and_an_open_one_its_rest() {
-        let closed = fleet_of_fields(&[None, None, None, None, None], 1_000).expect("parses");
-        assert_eq!((closed.state, closed.generation), (FleetState::Closed, 0));
-        let some = |v: &str| Some(v.to_owned());
-        let open = fleet_of_fields(
-            &[
-                some("open"),
-                some("1250"),
-                some("1"),
-                some("7"),
-                some("failure_ratio"),
-            ],
-            1_000,
-        )
-        .expect("parses");
-        assert_eq!(
-            open,
-            Fleet {
-                generation: 7,
-                state: FleetState::Open,
-                rest: Duration::from_millis(250),
-                reopens: 1,
-                reason: TransitionReason::FailureRatio,
-            }
-        );
-        assert!(fleet_of_fields(&[some("open"), some("soon")], 1_000).is_none());
+    fn on_unsubscribed(&mut self) {
+        self.link.set_sub_up(false);
     }
 }

@@ -175,7 +175,7 @@ pub type SharedIdempotencyPolicy = SharedRedis;
 impl SharedRedis {
     /// The Redis URL with any password replaced by `***`, for logs.
     pub fn redacted(&self) -> String {
-        redact_url(&self.redis)
+        tower_llm_redis::redact_url(&self.redis)
     }
 
     /// Refuses a URL that is not Redis's, naming `table`.
@@ -198,16 +198,6 @@ impl fmt::Debug for SharedRedis {
             .field("redis", &self.redacted())
             .field("prefix", &self.prefix)
             .finish()
-    }
-}
-
-/// `url` with the user-info part (`user:password@`) replaced by `***@`.
-fn redact_url(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
-        None => url.to_owned(),
     }
 }
 

@@ -8,7 +8,8 @@ use tower_llm::breaker::{BreakerConfig, BreakerKey, BreakerLayer, BreakerStore};
 use tower_llm::config::{ConfigError, Policy, TenantHeader};
 use tower_llm::idempotency::{IdempotencyConfig, IdempotencyLayer};
 use tower_llm::{ChatRequest, Link, Metrics};
-use tower_llm_breaker_redis::RedisStore;
+use tower_llm_breaker_redis::RedisBreakerStore;
+use tower_llm_idempotency_redis::RedisIdempotencyStore;
 
 use crate::config::{GatewayConfig, SharedBreakerPolicy, SharedIdempotencyPolicy};
 
@@ -23,7 +24,7 @@ pub(crate) struct Breakers {
     /// The shared settings it was built with (none: in memory).
     shared: Option<(SharedBreakerPolicy, BreakerConfig)>,
     /// The Redis store, when shared.
-    pub(crate) store: Option<Arc<RedisStore>>,
+    pub(crate) store: Option<Arc<RedisBreakerStore>>,
     /// `llm_breaker_shared_store_up` and `_dropped`, while this store is
     /// the gateway's.
     _metrics: Option<(
@@ -59,7 +60,7 @@ impl Breakers {
                 _metrics: None,
             }));
         };
-        let mut builder = RedisStore::builder(&shared.redis)
+        let mut builder = RedisBreakerStore::builder(&shared.redis)
             .map_err(|e| ConfigError::new(format!("breaker_shared.redis: {e}")))?
             .with_breaker_config(config);
         if let Some(prefix) = &shared.prefix {
@@ -160,7 +161,7 @@ pub(crate) fn idempotency_of(
     let layer = match shared {
         None => layer,
         Some(shared) => {
-            let mut builder = tower_llm_idempotency_redis::RedisStore::builder(&shared.redis)
+            let mut builder = RedisIdempotencyStore::builder(&shared.redis)
                 .map_err(|e| ConfigError::new(format!("idempotency_shared: {e}")))?;
             if let Some(prefix) = &shared.prefix {
                 builder = builder.with_prefix(prefix.clone());

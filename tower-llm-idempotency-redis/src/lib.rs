@@ -2,7 +2,7 @@
 //! once across the fleet, and concurrent duplicates on any replica make
 //! one upstream call.
 //!
-//! [`RedisStore`] is an [`IdempotencyStore`](tower_llm_idempotency::IdempotencyStore)
+//! [`RedisIdempotencyStore`] is an [`IdempotencyStore`](tower_llm_idempotency::IdempotencyStore)
 //! for any [`IdempotencyLayer`](tower_llm_idempotency::IdempotencyLayer).
 //! Every replica using the same Redis (and prefix) sees the same keys: an
 //! answer stored by one is replayed by all (a stream chunk for chunk), the
@@ -14,11 +14,11 @@
 //! use tower::{Layer, service_fn};
 //! use tower_llm_core::{ChatRequest, ChatResponse, Failure, FailureClass};
 //! use tower_llm_idempotency::{IdempotencyConfig, IdempotencyLayer};
-//! use tower_llm_idempotency_redis::RedisStore;
+//! use tower_llm_idempotency_redis::RedisIdempotencyStore;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = RedisStore::open("redis://127.0.0.1:6379")?;
+//! let store = RedisIdempotencyStore::open("redis://127.0.0.1:6379")?;
 //! let layer = IdempotencyLayer::new(IdempotencyConfig::default())?.with_store(Arc::new(store));
 //! let provider = service_fn(|_: ChatRequest| async {
 //!     Err::<ChatResponse, _>(Failure::new(FailureClass::Transient))
@@ -72,7 +72,7 @@
 //! shares again. Answers stored in-process during the outage stay
 //! in-process; a call waiting on an in-process leader when Redis comes
 //! back may lead in Redis (one extra upstream call at the switch).
-//! [`RedisStoreBuilder::with_local_fallback`]`(false)` answers
+//! [`RedisIdempotencyStoreBuilder::with_local_fallback`]`(false)` answers
 //! `StoreError` instead, and the layer serves calls without idempotency.
 //!
 //! # Keys
@@ -82,6 +82,10 @@
 //! Every key expires: a reservation after the lease TTL, an answer after
 //! its TTL (the layer's `ttl_ms`, or the call's own).
 //!
+//! The connection, the reconnection backoff, the pub/sub listener and the
+//! URL handling are [`tower_llm_redis`]'s, shared with every Redis-backed
+//! store of tower-llm.
+//!
 //! # Feature flags
 //!
 //! None.
@@ -89,4 +93,19 @@
 mod scripts;
 mod store;
 
-pub use store::{RedisStore, RedisStoreBuilder, RedisStoreError};
+pub use store::{RedisIdempotencyStore, RedisIdempotencyStoreBuilder, RedisIdempotencyStoreError};
+
+/// Renamed [`RedisIdempotencyStore`] (the breaker's store had the same
+/// name); this alias goes in the next release.
+#[deprecated(note = "renamed `RedisIdempotencyStore`")]
+pub type RedisStore = RedisIdempotencyStore;
+
+/// Renamed [`RedisIdempotencyStoreBuilder`]; this alias goes in the next
+/// release.
+#[deprecated(note = "renamed `RedisIdempotencyStoreBuilder`")]
+pub type RedisStoreBuilder = RedisIdempotencyStoreBuilder;
+
+/// Renamed [`RedisIdempotencyStoreError`]; this alias goes in the next
+/// release.
+#[deprecated(note = "renamed `RedisIdempotencyStoreError`")]
+pub type RedisStoreError = RedisIdempotencyStoreError;

@@ -3,16 +3,17 @@
 
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use redis::aio::ConnectionManager;
-use tokio::sync::{Notify, broadcast, watch};
+use tokio::sync::{Notify, broadcast};
 use tower_llm_idempotency::{
     Begin, BoxFuture, Fingerprint, IdempotencyStore, Lease, MemoryStore, StoreError, Stored,
 };
+use tower_llm_redis::{RedisSettings, Shutdown, ShutdownSignal, Subscriber};
 
 use crate::scripts::{Reply, Scripts};
 
@@ -20,36 +21,20 @@ use crate::scripts::{Reply, Scripts};
 /// do: `complete` and `release` know where a lease was taken.
 const LOCAL: u64 = 1 << 63;
 
-/// Why a [`RedisStore`] could not be made.
-#[derive(Debug)]
-pub struct RedisStoreError {
-    message: String,
-}
+/// Why a [`RedisIdempotencyStore`] could not be made: its URL does not
+/// parse, or there is no tokio runtime (the shared Redis plumbing's
+/// [`Error`](tower_llm_redis::Error), with its `is_*()` predicates).
+pub type RedisIdempotencyStoreError = tower_llm_redis::Error;
 
-impl RedisStoreError {
-    fn new(message: impl Into<String>) -> Self {
-        RedisStoreError {
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for RedisStoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "redis idempotency store: {}", self.message)
-    }
-}
-
-impl std::error::Error for RedisStoreError {}
+/// The store's name in errors.
+const STORE: &str = "redis idempotency store";
 
 #[derive(Debug, Clone)]
 struct Settings {
-    prefix: String,
+    redis: RedisSettings,
     channel: String,
     lease_ttl: Duration,
-    op_timeout: Duration,
     poll: Duration,
-    max_backoff: Duration,
     fallback: bool,
 }
 
@@ -68,7 +53,6 @@ struct Inner {
     notices: broadcast::Sender<Arc<str>>,
     /// The subscription to the channel is live.
     listening: Arc<AtomicBool>,
-    addr: String,
     random: RandomState,
     lease_seq: AtomicU64,
 }
@@ -82,8 +66,8 @@ impl Inner {
     fn set_down(&self, error: &str) {
         if self.up.swap(false, Ordering::AcqRel) {
             tracing::warn!(
-                addr = %self.addr,
-                prefix = %self.settings.prefix,
+                addr = %self.settings.redis.addr(),
+                prefix = %self.settings.redis.prefix(),
                 error,
                 "idempotency store: Redis unavailable; idempotency is in-process only until it answers again"
             );
@@ -94,15 +78,15 @@ impl Inner {
     fn set_up(&self) {
         if !self.up.swap(true, Ordering::AcqRel) {
             tracing::info!(
-                addr = %self.addr,
-                prefix = %self.settings.prefix,
+                addr = %self.settings.redis.addr(),
+                prefix = %self.settings.redis.prefix(),
                 "idempotency store: Redis answers again; answers are shared"
             );
         }
     }
 
     fn redis_key(&self, key: &str) -> String {
-        format!("{}{key}", self.settings.prefix)
+        self.settings.redis.key(key)
     }
 
     /// A lease no other call on any replica holds (63 random bits, never
@@ -140,7 +124,7 @@ impl Inner {
             .arg(millis(self.settings.lease_ttl));
         let mut conn = self.conn.clone();
         let reply = tokio::time::timeout(
-            self.settings.op_timeout,
+            self.settings.redis.op_timeout(),
             call.invoke_async::<Vec<String>>(&mut conn),
         )
         .await;
@@ -202,7 +186,7 @@ impl Inner {
     async fn run(&self, call: redis::ScriptInvocation<'_>) {
         let mut conn = self.conn.clone();
         match tokio::time::timeout(
-            self.settings.op_timeout,
+            self.settings.redis.op_timeout(),
             call.invoke_async::<i64>(&mut conn),
         )
         .await
@@ -252,30 +236,24 @@ fn millis(d: Duration) -> u64 {
 /// Made inside a tokio runtime (it spawns two tasks: the pub/sub listener
 /// and the health check that notices Redis is back); they stop when the
 /// store is dropped.
-pub struct RedisStore {
+pub struct RedisIdempotencyStore {
     inner: Arc<Inner>,
-    shutdown: watch::Sender<bool>,
+    /// Stops the two tasks when the store is dropped.
+    _shutdown: Shutdown,
 }
 
-impl fmt::Debug for RedisStore {
+impl fmt::Debug for RedisIdempotencyStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The address only: never the URL (it may carry a password).
-        f.debug_struct("RedisStore")
-            .field("addr", &self.inner.addr)
-            .field("prefix", &self.inner.settings.prefix)
+        f.debug_struct("RedisIdempotencyStore")
+            .field("redis", &self.inner.settings.redis)
             .field("up", &self.inner.is_up())
             .field("local", &self.inner.local)
             .finish_non_exhaustive()
     }
 }
 
-impl Drop for RedisStore {
-    fn drop(&mut self) {
-        let _ = self.shutdown.send(true);
-    }
-}
-
-impl RedisStore {
+impl RedisIdempotencyStore {
     /// A store on the Redis at `url` (`redis://[:password@]host[:port][/db]`)
     /// with the default settings.
     ///
@@ -284,8 +262,8 @@ impl RedisStore {
     /// When the URL does not parse, or there is no tokio runtime. A server
     /// that does not answer is not an error: the first command finds out,
     /// and the store works in-process until it answers.
-    pub fn open(url: &str) -> Result<Self, RedisStoreError> {
-        RedisStore::builder(url)?.build()
+    pub fn open(url: &str) -> Result<Self, RedisIdempotencyStoreError> {
+        RedisIdempotencyStore::builder(url)?.build()
     }
 
     /// A builder for a store on the Redis at `url`.
@@ -293,17 +271,11 @@ impl RedisStore {
     /// # Errors
     ///
     /// When the URL does not parse.
-    pub fn builder(url: &str) -> Result<RedisStoreBuilder, RedisStoreError> {
-        let client = redis::Client::open(url)
-            // The error may quote the URL: do not pass it on.
-            .map_err(|_| RedisStoreError::new("invalid Redis URL"))?;
-        Ok(RedisStoreBuilder {
-            client,
-            prefix: "tower-llm:idem:".to_owned(),
+    pub fn builder(url: &str) -> Result<RedisIdempotencyStoreBuilder, RedisIdempotencyStoreError> {
+        Ok(RedisIdempotencyStoreBuilder {
+            redis: RedisSettings::new(STORE, url, "tower-llm:idem:")?,
             lease_ttl: Duration::from_secs(60),
-            op_timeout: Duration::from_millis(250),
             poll: Duration::from_millis(50),
-            max_backoff: Duration::from_secs(2),
             fallback: true,
             local_max_bytes: 16 << 20,
         })
@@ -329,7 +301,7 @@ impl RedisStore {
     }
 }
 
-impl IdempotencyStore for RedisStore {
+impl IdempotencyStore for RedisIdempotencyStore {
     fn begin(
         &self,
         key: Arc<str>,
@@ -372,36 +344,29 @@ impl IdempotencyStore for RedisStore {
     }
 }
 
-/// Settings of a [`RedisStore`]: see [`RedisStore::builder`].
-pub struct RedisStoreBuilder {
-    client: redis::Client,
-    prefix: String,
+/// Settings of a [`RedisIdempotencyStore`]: see [`RedisIdempotencyStore::builder`].
+pub struct RedisIdempotencyStoreBuilder {
+    redis: RedisSettings,
     lease_ttl: Duration,
-    op_timeout: Duration,
     poll: Duration,
-    max_backoff: Duration,
     fallback: bool,
     local_max_bytes: usize,
 }
 
-impl fmt::Debug for RedisStoreBuilder {
+impl fmt::Debug for RedisIdempotencyStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStoreBuilder")
-            .field(
-                "addr",
-                &self.client.get_connection_info().addr().to_string(),
-            )
-            .field("prefix", &self.prefix)
+        f.debug_struct("RedisIdempotencyStoreBuilder")
+            .field("redis", &self.redis)
             .finish_non_exhaustive()
     }
 }
 
-impl RedisStoreBuilder {
+impl RedisIdempotencyStoreBuilder {
     /// The prefix of every key and of the channel (default
     /// `tower-llm:idem:`). Replicas share answers when they share it.
     #[must_use]
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
+        self.redis = self.redis.with_prefix(prefix);
         self
     }
 
@@ -421,7 +386,7 @@ impl RedisStoreBuilder {
     /// (default 250 ms): the most a call waits on Redis.
     #[must_use]
     pub fn with_op_timeout(mut self, timeout: Duration) -> Self {
-        self.op_timeout = timeout;
+        self.redis = self.redis.with_op_timeout(timeout);
         self
     }
 
@@ -438,7 +403,7 @@ impl RedisStoreBuilder {
     /// resubscriptions (default 2 s; they start at 25 ms and double).
     #[must_use]
     pub fn with_max_backoff(mut self, max: Duration) -> Self {
-        self.max_backoff = max.max(Duration::from_millis(25));
+        self.redis = self.redis.with_max_backoff(max);
         self
     }
 
@@ -466,23 +431,14 @@ impl RedisStoreBuilder {
     ///
     /// When called outside a tokio runtime, or the connection manager
     /// cannot be made.
-    pub fn build(self) -> Result<RedisStore, RedisStoreError> {
-        let runtime = tokio::runtime::Handle::try_current()
-            .map_err(|_| RedisStoreError::new("must be built inside a tokio runtime"))?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.op_timeout))
-            .set_response_timeout(Some(self.op_timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(self.max_backoff);
-        let conn = ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-            .map_err(|_| RedisStoreError::new("cannot make a connection manager"))?;
+    pub fn build(self) -> Result<RedisIdempotencyStore, RedisIdempotencyStoreError> {
+        let runtime = self.redis.runtime()?;
+        let conn = self.redis.connection_manager()?;
         let settings = Settings {
-            channel: format!("{}notices", self.prefix),
-            prefix: self.prefix,
+            channel: self.redis.key("notices"),
+            redis: self.redis,
             lease_ttl: self.lease_ttl,
-            op_timeout: self.op_timeout,
             poll: self.poll,
-            max_backoff: self.max_backoff,
             fallback: self.fallback,
         };
         let (notices, _) = broadcast::channel(1024);
@@ -497,25 +453,26 @@ impl RedisStoreBuilder {
             down: down.clone(),
             notices: notices.clone(),
             listening: listening.clone(),
-            addr: self.client.get_connection_info().addr().to_string(),
             random: RandomState::new(),
             lease_seq: AtomicU64::new(0),
         });
-        let (shutdown, shutdown_rx) = watch::channel(false);
+        let shutdown = Shutdown::new();
         runtime.spawn(health(
             Arc::downgrade(&inner),
             down,
             settings.clone(),
-            shutdown_rx.clone(),
+            shutdown.signal(),
         ));
-        runtime.spawn(listener(
-            self.client,
-            notices,
-            listening,
-            settings,
-            shutdown_rx,
+        runtime.spawn(tower_llm_redis::listen(
+            settings.redis,
+            settings.channel,
+            Notices { notices, listening },
+            shutdown.signal(),
         ));
-        Ok(RedisStore { inner, shutdown })
+        Ok(RedisIdempotencyStore {
+            inner,
+            _shutdown: shutdown,
+        })
     }
 }
 
@@ -525,76 +482,50 @@ async fn health(
     inner: Weak<Inner>,
     down: Arc<Notify>,
     settings: Settings,
-    mut shutdown: watch::Receiver<bool>,
+    mut shutdown: ShutdownSignal,
 ) {
     loop {
         tokio::select! {
-            _ = shutdown.changed() => return,
+            () = shutdown.stopped() => return,
             () = down.notified() => {}
         }
-        let mut backoff = Duration::from_millis(25);
+        let mut backoff = settings.redis.backoff();
         loop {
             tokio::select! {
-                _ = shutdown.changed() => return,
-                () = tokio::time::sleep(backoff) => {}
+                () = shutdown.stopped() => return,
+                () = tokio::time::sleep(backoff.next_wait()) => {}
             }
             let Some(inner) = inner.upgrade() else { return };
             let mut conn = inner.conn.clone();
-            let pong = tokio::time::timeout(
-                settings.op_timeout,
-                redis::cmd("PING").query_async::<String>(&mut conn),
-            )
-            .await;
-            if matches!(pong, Ok(Ok(_))) {
+            if tower_llm_redis::ping(&mut conn, settings.redis.op_timeout()).await {
                 inner.set_up();
                 break;
             }
-            backoff = (backoff * 2).min(settings.max_backoff);
         }
     }
 }
 
-/// Subscribes to the channel and passes every notice to the waiters;
-/// resubscribes with backoff (waiters poll meanwhile).
-async fn listener(
-    client: redis::Client,
+/// The channel's side of the store: passes every notice to the waiters
+/// (who poll while the subscription is down).
+struct Notices {
     notices: broadcast::Sender<Arc<str>>,
     listening: Arc<AtomicBool>,
-    settings: Settings,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut backoff = Duration::from_millis(25);
-    loop {
-        let connect = async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&settings.channel).await?;
-            Ok::<_, redis::RedisError>(pubsub)
-        };
-        let pubsub = tokio::select! {
-            _ = shutdown.changed() => return,
-            r = tokio::time::timeout(settings.op_timeout, connect) => r,
-        };
-        if let Ok(Ok(pubsub)) = pubsub {
-            backoff = Duration::from_millis(25);
-            listening.store(true, Ordering::Release);
-            let mut messages = pubsub.into_on_message();
-            loop {
-                let msg = tokio::select! {
-                    _ = shutdown.changed() => return,
-                    msg = messages.next() => msg,
-                };
-                let Some(msg) = msg else { break };
-                if let Ok(key) = std::str::from_utf8(msg.get_payload_bytes()) {
-                    let _ = notices.send(Arc::from(key));
-                }
-            }
-            listening.store(false, Ordering::Release);
+}
+
+impl Subscriber for Notices {
+    fn on_subscribed(&mut self) {
+        self.listening.store(true, Ordering::Release);
+    }
+
+    fn on_message(&mut self, payload: &[u8]) -> ControlFlow<()> {
+        if let Ok(key) = std::str::from_utf8(payload) {
+            let _ = self.notices.send(Arc::from(key));
         }
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            () = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(settings.max_backoff);
+        ControlFlow::Continue(())
+    }
+
+    fn on_unsubscribed(&mut self) {
+        self.listening.store(false, Ordering::Release);
     }
 }
 
@@ -604,14 +535,28 @@ mod tests {
 
     #[tokio::test]
     async fn debug_never_shows_the_password() {
-        let store = RedisStore::open("redis://:hunter2@127.0.0.1:1/0").expect("parses");
+        let store = RedisIdempotencyStore::open("redis://:hunter2@127.0.0.1:1/0").expect("parses");
         let shown = format!("{store:?}");
         assert!(shown.contains("127.0.0.1:1"), "{shown}");
         assert!(!shown.contains("hunter2"), "{shown}");
-        let builder = RedisStore::builder("redis://user:hunter2@127.0.0.1:1").expect("parses");
+        let builder =
+            RedisIdempotencyStore::builder("redis://user:hunter2@127.0.0.1:1").expect("parses");
         assert!(!format!("{builder:?}").contains("hunter2"));
-        let err = RedisStore::builder("http://:hunter2@x").expect_err("not redis");
+        let err = RedisIdempotencyStore::builder("http://:hunter2@x").expect_err("not redis");
         assert!(!err.to_string().contains("hunter2"));
+    }
+
+    #[test]
+    #[allow(deprecated)]
+    fn the_old_names_still_name_the_store() {
+        let builder: fn(&str) -> Result<crate::RedisStoreBuilder, crate::RedisStoreError> =
+            crate::RedisStore::builder;
+        let err = builder("http://x").expect_err("not redis");
+        assert!(err.is_invalid_url());
+        assert_eq!(
+            err.to_string(),
+            "redis idempotency store: invalid Redis URL"
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Idempotency shared through a real Redis (issue 20): two replicas (two
-//! `IdempotencyLayer`s, each with its own `RedisStore` and connections)
+//! `IdempotencyLayer`s, each with its own `RedisIdempotencyStore` and connections)
 //! in front of one provider. Each test starts (and may kill and restart)
 //! its own `redis-server`; see `tower_llm_test_support::RedisServer` for when a test skips.
 //! Real time: Redis's TTLs and pub/sub cannot be paused; every wait is a
@@ -18,7 +18,7 @@ use tower_llm_idempotency::{
     Begin, BoxFuture, Fingerprint, IdempotencyConfig, IdempotencyLayer, IdempotencyStore, Lease,
     StoreError, Stored,
 };
-use tower_llm_idempotency_redis::RedisStore;
+use tower_llm_idempotency_redis::RedisIdempotencyStore;
 use tower_llm_test_support::{RedisServer, within};
 
 type Svc<R> = BoxCloneSyncService<ChatRequest, R, Failure>;
@@ -27,7 +27,7 @@ type Svc<R> = BoxCloneSyncService<ChatRequest, R, Failure>;
 /// duplicates are really waiting.
 #[derive(Debug)]
 struct Counting {
-    store: Arc<RedisStore>,
+    store: Arc<RedisIdempotencyStore>,
     busy: Arc<AtomicUsize>,
 }
 
@@ -66,7 +66,7 @@ impl IdempotencyStore for Counting {
 
 /// One replica: its own store (its own connections), its own layer.
 struct Replica {
-    store: Arc<RedisStore>,
+    store: Arc<RedisIdempotencyStore>,
     busy: Arc<AtomicUsize>,
     layer: IdempotencyLayer,
 }
@@ -78,7 +78,7 @@ impl Replica {
 
     fn with_poll(url: &str, poll: Duration) -> Replica {
         let store = Arc::new(
-            RedisStore::builder(url)
+            RedisIdempotencyStore::builder(url)
                 .expect("url")
                 .with_prefix("test:idem:")
                 .with_poll_interval(poll)
@@ -515,7 +515,7 @@ async fn a_leader_that_outlives_its_reservation_cannot_store_over_the_next_one()
     let server =
         redis_or_skip!("a_leader_that_outlives_its_reservation_cannot_store_over_the_next_one");
     let store = |url: &str| {
-        RedisStore::builder(url)
+        RedisIdempotencyStore::builder(url)
             .expect("url")
             .with_prefix("test:idem:")
             .with_lease_ttl(Duration::from_millis(100))

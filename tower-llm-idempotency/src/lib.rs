@@ -81,7 +81,7 @@
 //!
 //! [`MemoryStore`] (the default) is in-process. Another store (shared
 //! between replicas) implements [`IdempotencyStore`]: the
-//! `tower-llm-idempotency-redis` crate's `RedisStore` shares answers and
+//! `tower-llm-idempotency-redis` crate's `RedisIdempotencyStore` shares answers and
 //! reservations through Redis (and falls back to an in-process
 //! `MemoryStore` while Redis is down). A store that cannot answer
 //! ([`StoreError`]) makes the layer serve calls without idempotency rather
