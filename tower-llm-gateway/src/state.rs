@@ -37,7 +37,7 @@ pub struct Probe {
 ///
 /// Build it with [`Gateway::new`], serve [`Gateway::router`] with
 /// [`serve`](crate::serve), reload with [`Gateway::reload`] or
-/// [`reload_on_change`].
+/// [`reload_on_change`](crate::reload_on_change).
 pub struct Gateway {
     pub(crate) routes: ArcSwap<Routes>,
     /// The breaker layer and its store: in memory, or shared on Redis

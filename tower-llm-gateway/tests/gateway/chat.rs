@@ -7,8 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower_llm_providers::mock::Reply;
 
-mod gateway_support;
-use gateway_support::*;
+use crate::support::*;
 
 fn down() -> Reply {
     Reply::openai_error(503, "server_error", "overloaded")

@@ -23,8 +23,7 @@ use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
 
-mod metrics_support;
-use metrics_support::{prometheus, sample, scrape};
+use crate::metrics_support::{prometheus, sample, scrape};
 
 #[tokio::test(start_paused = true)]
 async fn seed_ac17_outbound_traceparent_continues_the_inbound_trace() {

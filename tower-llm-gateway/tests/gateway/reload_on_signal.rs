@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use tower_llm_providers::mock::Reply;
 
-mod gateway_support;
-use gateway_support::*;
+use crate::support::*;
 
 #[cfg(unix)]
 #[tokio::test(start_paused = true)]

@@ -13,8 +13,7 @@ use tower_llm_providers::mock::{MockServer, Reply};
 
 use tower_llm_test_support::{RedisServer, poll};
 
-mod binary_support;
-use binary_support::{Binary, send, spawn};
+use crate::support::{Binary, send, spawn};
 
 const HELLO: &str = r#"{"model": "smart", "messages": [{"role": "user", "content": "Hello"}]}"#;
 

@@ -14,8 +14,7 @@ use tracing_subscriber::Layer;
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
-mod gateway_support;
-use gateway_support::*;
+use crate::support::*;
 
 /// Names of the spans created.
 #[derive(Clone, Default)]

@@ -2,9 +2,7 @@
 //! aliases as OpenAI model objects, over real loopback HTTP to the
 //! library's gateway; the list follows a reload.
 
-mod gateway_support;
-
-use gateway_support::{FULL_CHAIN, Harness, policy_text, start_text};
+use crate::support::{FULL_CHAIN, Harness, policy_text, start_text};
 use tower_llm_providers::mock::Reply;
 
 /// Routes `smart` (the harness's), then `fast`, `cheap` and `team/smart`:

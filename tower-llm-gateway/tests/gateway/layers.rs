@@ -13,8 +13,7 @@ use tower_llm::config::Policy;
 use tower_llm_gateway::GatewayConfig;
 use tower_llm_providers::mock::{MockServer, Reply};
 
-mod gateway_support;
-use gateway_support::*;
+use crate::support::*;
 use tower_llm_test_support::{RedisServer, poll};
 
 fn down() -> Reply {

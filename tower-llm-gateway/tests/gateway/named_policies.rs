@@ -10,11 +10,10 @@ use tower_llm::config::{AdmitRule, LinkConfig, Policy};
 use tower_llm::retry::{JitterSpec, NamedJitter};
 use tower_llm_providers::mock::{MockServer, Reply};
 
-mod gateway_support;
-use gateway_support::*;
+use crate::support::*;
 
-const RETRY_POLICY: &str = include_str!("fixtures/seed004_retry_policy.json");
-const FALLBACK_POLICY: &str = include_str!("fixtures/seed004_fallback_policy.json");
+const RETRY_POLICY: &str = include_str!("../fixtures/seed004_retry_policy.json");
+const FALLBACK_POLICY: &str = include_str!("../fixtures/seed004_fallback_policy.json");
 
 /// A whole policy (JSON) with the two examples as they are, a breaker
 /// policy "provider-A", providers `provider_A` and `provider_B` at the two

@@ -14,8 +14,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower_llm_providers::mock::{MockServer, Reply};
 
-mod binary_support;
-use binary_support::{one_link_policy, spawn};
+use crate::support::{one_link_policy, spawn};
 
 const STREAM: &str =
     r#"{"model": "smart", "stream": true, "messages": [{"role": "user", "content": "Hello"}]}"#;

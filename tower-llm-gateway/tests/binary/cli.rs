@@ -9,8 +9,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower_llm_providers::mock::{MockServer, Reply};
 
-mod binary_support;
-use binary_support::{one_link_policy, send, start};
+use crate::support::{one_link_policy, send, start};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tower-llm-gateway");
 

@@ -2,7 +2,7 @@
 //! (its servers on loopback) and its answer checked.
 
 #[allow(dead_code, unreachable_pub)]
-#[path = "../examples/axum_handler.rs"]
+#[path = "../../examples/axum_handler.rs"]
 mod axum_handler;
 
 #[tokio::test(start_paused = true)]

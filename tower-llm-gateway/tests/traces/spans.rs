@@ -7,8 +7,7 @@ use opentelemetry::trace::TracerProvider as _;
 use tower_llm_providers::mock::Reply;
 use tracing_subscriber::layer::SubscriberExt;
 
-mod gateway_support;
-use gateway_support::*;
+use crate::support::*;
 
 #[tokio::test(start_paused = true)]
 async fn the_inbound_traceparent_is_continued_upstream() {

@@ -10,8 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower_llm_providers::mock::Reply;
 
-mod gateway_support;
-use gateway_support::*;
+use crate::support::*;
 
 async fn connect(h: &Harness) -> TcpStream {
     TcpStream::connect(h.url.trim_start_matches("http://"))

@@ -13,8 +13,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower_llm_providers::mock::{MockServer, Reply};
 
-mod binary_support;
-use binary_support::{one_link_policy, send, spawn};
+use crate::support::{one_link_policy, send, spawn};
 
 const HELLO: &str = r#"{"model": "smart", "messages": [{"role": "user", "content": "Hello"}]}"#;
 

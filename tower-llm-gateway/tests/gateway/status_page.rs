@@ -4,11 +4,9 @@
 //! buttons only for a presented token; and the page in a real headless
 //! Chromium, with a screenshot.
 
-mod gateway_support;
-
 use std::time::Duration;
 
-use gateway_support::{HELLO, HELLO_STREAM, start};
+use crate::support::{HELLO, HELLO_STREAM, start};
 use tower_llm_providers::mock::Reply;
 
 fn down() -> Reply {
@@ -18,7 +16,7 @@ fn down() -> Reply {
 /// Two calls while the primary is down: 5 failures open its circuit (the
 /// fifth failure trips it; the sixth attempt is refused), both calls fail
 /// over to the backup.
-async fn outage() -> gateway_support::Harness {
+async fn outage() -> crate::support::Harness {
     let h = start(
         down(),
         Reply::anthropic_stream(&["from ", "the backup"]),
@@ -102,7 +100,7 @@ async fn a_failed_reload_shows_a_banner_with_its_text_escaped() {
     // A reload that succeeds clears it.
     std::fs::write(
         &path,
-        gateway_support::policy_text(&h.primary, &h.backup, "", gateway_support::FULL_CHAIN),
+        crate::support::policy_text(&h.primary, &h.backup, "", crate::support::FULL_CHAIN),
     )
     .expect("write");
     h.gateway.reload_from_file(&path).expect("reloads");

@@ -16,8 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt};
 
-mod binary_support;
-use binary_support::one_link_policy;
+use crate::support::one_link_policy;
 
 const CALLS: usize = 1000;
 const DEADLINE: Duration = Duration::from_secs(2);
