@@ -95,6 +95,8 @@
 
 mod builder;
 pub mod config;
+/// Guides and reference, one module per topic (the repository's `docs/`).
+pub mod guide;
 
 pub use builder::ServiceBuilderExt;
 pub use tower_llm_core::*;

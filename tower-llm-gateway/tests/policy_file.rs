@@ -1,6 +1,7 @@
-//! The policy file: the README's reference (every key) loads as it is; a
-//! misspelt key anywhere is refused with its path; and one behaviour probe
-//! per section, through the gateway over loopback (virtual time).
+//! The policy file: the reference in `docs/policy-file.md` (every key)
+//! loads as it is; a misspelt key anywhere is refused with its path; and
+//! one behaviour probe per section, through the gateway over loopback
+//! (virtual time).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -12,11 +13,12 @@ use tower_llm_providers::mock::{MockServer, Reply};
 mod gateway_support;
 use gateway_support::*;
 
-/// The README's policy reference: the `toml` block under "### Policy file".
+/// The policy reference: the `toml` block under "## Every key" of
+/// `docs/policy-file.md`.
 fn readme_policy() -> String {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/policy-file.md");
     let section = readme
-        .split("### Policy file")
+        .split("## Every key")
         .nth(1)
         .expect("a policy file section");
     let block = section.split("```toml\n").nth(1).expect("a toml block");
