@@ -1,5 +1,5 @@
 //! The policy file parser, fuzzed: arbitrary text, and real policy files
-//! (the README's reference policy, the demo's, seed 004's two JSON
+//! (the reference policy of `docs/policy-file.md`, the demo's, seed 004's two JSON
 //! examples) damaged (truncated, bytes flipped, spliced, duplicated). No
 //! input may panic; a refusal is a `ConfigError` with a message.
 //!

@@ -11,7 +11,7 @@
 //! It starts two mock providers (the primary answers 503 three times, so
 //! the call fails over to the backup), serves the app
 //! on loopback, calls it once as a client would, prints the answer, exits.
-//! `tower-llm-gateway/tests/examples.rs` runs it and checks the answer.
+//! `tower-llm-gateway/tests/gateway/examples.rs` runs it and checks the answer.
 
 use std::time::Duration;
 
@@ -75,7 +75,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Starts the mock providers and the app, asks once, returns the answer
-/// (`tower-llm-gateway/tests/examples.rs` runs this and checks it).
+/// (`tower-llm-gateway/tests/gateway/examples.rs` runs this and checks it).
 pub async fn run() -> Result<Outcome, Box<dyn std::error::Error>> {
     let primary = MockServer::start(Reply::openai_text("Hello from the primary")).await?;
     primary.push(Reply::openai_error(503, "server_error", "busy"));

@@ -499,7 +499,7 @@ async fn hedges_are_counted_won_lost_and_skipped_by_the_budget() {
     }
 }
 
-/// The README's telemetry wiring, as it is there (compiled here, where
+/// The telemetry wiring of `docs/telemetry.md`, as it is there (compiled here, where
 /// the crates it uses are dependencies).
 mod readme_wiring {
     use opentelemetry::trace::TracerProvider as _;

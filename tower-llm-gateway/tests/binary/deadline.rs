@@ -6,7 +6,7 @@
 //!
 //! The figures printed (lateness past the deadline, from the debug build)
 //! are not asserted tightly; `examples/deadline_lateness.rs` measures the
-//! release build (README, "Server limits").
+//! release build (`docs/gateway.md`, "Server limits").
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
