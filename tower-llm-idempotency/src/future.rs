@@ -12,7 +12,7 @@ use tower_llm_core::{Call, CallOwner, Failure, FailureClass, LlmRequest, Records
 use tower_service::Service;
 
 use crate::answer::{Capture, IdempotentAnswer};
-use crate::layer::{Concurrent, Shared};
+use crate::config::{Concurrent, Shared};
 use crate::store::{Begin, BoxFuture, Fingerprint, StoreError};
 
 /// What a keyed call needs until it leads (or replays).

@@ -88,18 +88,17 @@
 //! than fail them, and log it once.
 
 mod answer;
+mod config;
 mod frames;
 mod future;
 mod layer;
 mod store;
 
 pub use answer::{Capture, IdempotentAnswer, IdempotentRequest};
+pub use config::{Concurrent, IDEMPOTENCY_KEY, IdempotencyConfig, InvalidIdempotencyConfig};
 pub use frames::{FramesIter, StreamFrames, StreamFramesBuilder};
 pub use future::ResponseFuture;
-pub use layer::{
-    Concurrent, IDEMPOTENCY_KEY, Idempotency, IdempotencyConfig, IdempotencyLayer,
-    InvalidIdempotencyConfig, NoTenant, TenantFn,
-};
+pub use layer::{Idempotency, IdempotencyLayer, NoTenant, TenantFn};
 pub use store::{
     Begin, BoxFuture, Fingerprint, IdempotencyStore, Lease, MemoryStore, StoreError, Stored,
 };
