@@ -8,7 +8,7 @@
 //!
 //! A mock upstream answers 503, then 429 with `Retry-After: 1`, then 200:
 //! the first call is retried into the 200 (honouring the Retry-After), and
-//! every attempt is printed. `tests/examples.rs` runs it and checks the
+//! every attempt is printed. `tests/http/examples.rs` runs it and checks the
 //! attempts.
 
 use std::time::Duration;
@@ -56,7 +56,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Starts the mock upstream, makes the call, returns what came back
-/// (`tests/examples.rs` runs this and checks it).
+/// (`tests/http/examples.rs` runs this and checks it).
 pub async fn run() -> Result<Outcome, Box<dyn std::error::Error>> {
     let upstream = MockServer::start(Reply::json(200, r#"{"ok": true}"#)).await?;
     upstream.push(Reply::json(503, r#"{"error": "overloaded"}"#));

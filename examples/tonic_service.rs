@@ -10,7 +10,7 @@
 //! `prost`'s derive, and the method is routed by hand the way tonic's
 //! generated code does it. The example starts a mock provider, serves the
 //! service on loopback, calls it as a gRPC client would, prints, exits.
-//! `tests/examples.rs` runs it and checks the reply.
+//! `tests/http/examples.rs` runs it and checks the reply.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -147,7 +147,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Starts the mock provider and the gRPC server, calls `Complete` once,
-/// returns the reply (`tests/examples.rs` runs this and checks it).
+/// returns the reply (`tests/http/examples.rs` runs this and checks it).
 pub async fn run() -> Result<CompleteReply, Box<dyn std::error::Error>> {
     let provider = MockServer::start(Reply::openai_text("Hello over gRPC")).await?;
     provider.push(Reply::openai_error(503, "server_error", "busy"));

@@ -1,7 +1,7 @@
 //! Telemetry: the seed-002 metrics read through OpenTelemetry's Prometheus
 //! exporter (so the names are checked as a scrape reads them) and the
 //! breaker gauge. (Tests that need a tracing subscriber are in
-//! `telemetry_trace.rs`.)
+//! `traces/propagation.rs`.)
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! Reading the tower-llm metrics back through OpenTelemetry's Prometheus
-//! exporter, shared by `telemetry.rs` and `telemetry_trace.rs`.
+//! exporter, shared by `telemetry.rs` and `traces/propagation.rs`.
 
 #![allow(dead_code)]
 

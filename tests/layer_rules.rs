@@ -1,5 +1,5 @@
-//! Seed rules checked across the layers (issue 16): each test names the
-//! rule it holds the stack to.
+//! The retry, failover and breaker rules held across the layers: each
+//! test names the rule it holds the stack to.
 
 use std::time::Duration;
 

@@ -4,10 +4,10 @@
 //! regression in any of them fails the test suite.
 
 #[allow(dead_code, unreachable_pub)]
-#[path = "../examples/hyper_client.rs"]
+#[path = "../../examples/hyper_client.rs"]
 mod hyper_client;
 #[allow(dead_code, unreachable_pub)]
-#[path = "../examples/tonic_service.rs"]
+#[path = "../../examples/tonic_service.rs"]
 mod tonic_service;
 
 use std::time::Duration;

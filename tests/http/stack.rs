@@ -17,8 +17,7 @@ use tower_llm::prelude::*;
 use tower_llm::retry::FixedFraction;
 use tower_llm::{AttemptStatus, FailureClass};
 
-mod common;
-use common::serve;
+use crate::common::serve;
 
 #[tokio::test(start_paused = true)]
 async fn retries_then_the_breaker_opens_and_fails_fast() {

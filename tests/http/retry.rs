@@ -17,8 +17,7 @@ use tower_llm::prelude::*;
 use tower_llm::retry::FixedFraction;
 use tower_llm::{AttemptStatus, Attempts};
 
-mod common;
-use common::serve;
+use crate::common::serve;
 
 /// A server that answers each request with the next status of `script`
 /// (the last repeats); status 0 means "never answer".

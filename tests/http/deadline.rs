@@ -18,8 +18,7 @@ use tower::{ServiceBuilder, ServiceExt, service_fn};
 use tower_llm::prelude::*;
 use tower_llm::{Classify, HttpClassifier, Outcome};
 
-mod common;
-use common::{DropFlag, serve};
+use crate::common::{DropFlag, serve};
 
 /// A provider stand-in: `/slow` never answers (and flags when its handler
 /// is dropped), `/429` is rate limited, anything else answers at once.
