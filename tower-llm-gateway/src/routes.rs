@@ -10,10 +10,10 @@ use std::time::Duration;
 use tower::util::BoxCloneSyncService;
 use tower_llm::breaker::BreakerLayer;
 use tower_llm::config::{
-    ConfigError, HedgeBudgets, LinkConfig, Policy, ProviderConfig, ProviderServices, RouteService,
-    TenantHeader,
+    ConfigError, HedgeBudgets, LinkConfig, Policy, ProviderConfig, ProviderServices, RouteAnswer,
+    RouteConfig, RouteService, TenantHeader,
 };
-use tower_llm::idempotency::IdempotencyLayer;
+use tower_llm::idempotency::{IdempotencyLayer, IdempotentAnswer};
 use tower_llm::{
     ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics, Metrics,
 };
@@ -113,45 +113,9 @@ pub(crate) fn build(
     let mut stream = HashMap::new();
     let mut info = HashMap::new();
     for route in &policy.routes {
-        let mut missing = false;
-        let u = policy.build_route_with(
-            route,
-            breaker,
-            metrics.clone(),
-            idempotency,
-            hedges,
-            |p, link| {
-                find(p, link).map_or_else(
-                    || {
-                        missing = true;
-                        unavailable(&p.name)
-                    },
-                    |s| s.chat,
-                )
-            },
-        )?;
-        let s = policy.build_route_with(
-            route,
-            breaker,
-            metrics.clone(),
-            idempotency,
-            hedges,
-            |p, link| {
-                find(p, link).map_or_else(
-                    || {
-                        missing = true;
-                        unavailable(&p.name)
-                    },
-                    |s| s.stream,
-                )
-            },
-        )?;
-        if missing {
-            return Err(ConfigError::new(format!(
-                "route \"{}\": a link's provider was not built",
-                route.model
-            )));
-        }
+        let parts = (policy, route, breaker, metrics, idempotency, hedges);
+        let u = route_stack(parts, &find, |s| s.chat)?;
+        let s = route_stack(parts, &find, |s| s.stream)?;
         unary.insert(route.model.clone(), u);
         stream.insert(route.model.clone(), s);
         let resolved = policy.resolve(route)?;
@@ -176,6 +140,47 @@ pub(crate) fn build(
         stream,
         info,
     })
+}
+
+/// What building one route's stack takes.
+type RouteParts<'a> = (
+    &'a Policy,
+    &'a RouteConfig,
+    &'a BreakerLayer,
+    &'a Metrics,
+    Option<&'a IdempotencyLayer<TenantHeader>>,
+    &'a HedgeBudgets,
+);
+
+/// One route's stack over the services `find` gives for its links, the
+/// unary or streaming one (`pick`).
+fn route_stack<Res: RouteAnswer + IdempotentAnswer>(
+    (policy, route, breaker, metrics, idempotency, hedges): RouteParts<'_>,
+    find: &dyn Fn(&ProviderConfig, &LinkConfig) -> Option<ProviderServices>,
+    pick: fn(ProviderServices) -> RouteService<Res>,
+) -> Result<RouteService<Res>, ConfigError> {
+    let mut missing = false;
+    let svc = policy.build_route_with(
+        route,
+        breaker,
+        metrics.clone(),
+        idempotency,
+        hedges,
+        |p, link| match find(p, link) {
+            Some(services) => pick(services),
+            None => {
+                missing = true;
+                unavailable(&p.name)
+            }
+        },
+    )?;
+    if missing {
+        return Err(ConfigError::new(format!(
+            "route \"{}\": a link's provider was not built",
+            route.model
+        )));
+    }
+    Ok(svc)
 }
 
 /// A stand-in for a provider that could not be built (never served: the

@@ -1,6 +1,6 @@
 //! The gateway in-process over loopback HTTP: its chat endpoint, bad
 //! and hostile input, its policy-driven layers, reloads, the model list,
-//! the status page, the server builder and the transport. One test binary
+//! the status page and the transport. One test binary
 //! (one link of the gateway) for all of them.
 
 #[path = "../gateway_support/mod.rs"]
@@ -14,6 +14,5 @@ mod layers;
 mod models;
 mod named_policies;
 mod reload_on_signal;
-mod server_builder;
 mod status_page;
 mod transport;

@@ -8,13 +8,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower_llm::providers::ApiKey;
 use tower_llm_gateway::{Gateway, GatewayConfig, GatewayServer, KeySource};
 use tower_llm_providers::mock::{MockServer, Reply};
+
+use crate::support::send;
 
 const HELLO: &str = r#"{"model": "smart", "messages": [{"role": "user", "content": "Hello"}]}"#;
 
@@ -44,17 +46,7 @@ async fn gateway(upstream: &MockServer) -> Arc<Gateway> {
 }
 
 async fn chat(client: &Client<HttpConnector, Full<Bytes>>, url: &str) -> (u16, String) {
-    let req = http::Request::post(format!("{url}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(HELLO.as_bytes())))
-        .expect("request");
-    let res = tokio::time::timeout(Duration::from_secs(10), client.request(req))
-        .await
-        .expect("an answer within 10 s")
-        .expect("an answer");
-    let status = res.status().as_u16();
-    let body = res.into_body().collect().await.expect("body").to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    send(client, "POST", &format!("{url}/v1/chat/completions"), HELLO).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
