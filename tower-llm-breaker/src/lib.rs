@@ -158,9 +158,10 @@ mod handle;
 mod key;
 mod layer;
 mod service;
+mod state;
 mod store;
 
-pub use circuit::{Circuit, CircuitSnapshot, CircuitState, Transition, TransitionReason};
+pub use circuit::Circuit;
 pub use config::{BreakerConfig, BreakerCount, RatioTrigger};
 pub use events::{CircuitEvent, CircuitEvents};
 pub use future::ResponseFuture;
@@ -168,4 +169,5 @@ pub use handle::BreakerHandle;
 pub use key::{AuthorityKey, BreakerKey, KeyFn, KeyView, LinkKey};
 pub use layer::{BreakerLayer, InvalidBreakerConfig, Observer};
 pub use service::Breaker;
+pub use state::{CircuitSnapshot, CircuitState, Transition, TransitionReason};
 pub use store::{BreakerStore, MemoryStore};
