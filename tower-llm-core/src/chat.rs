@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::Extensions;
 use serde::{Deserialize, Serialize};
 
-use crate::AttemptRecord;
+use crate::{AttemptRecord, Link, RecordsAttempts};
 
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -240,6 +240,8 @@ impl ChatRequest {
     }
 }
 
+crate::call::call_field!(ChatRequest);
+
 /// Why the model stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -334,6 +336,25 @@ impl ChatResponse {
     /// The first choice's finish reason.
     pub fn finish_reason(&self) -> Option<FinishReason> {
         self.choices.first().map(|c| c.finish_reason)
+    }
+}
+
+impl RecordsAttempts for ChatResponse {
+    /// A replayed answer keeps the records of the call that produced it
+    /// when the replaying call made no attempt.
+    fn record_attempts(&mut self, attempts: Vec<AttemptRecord>) {
+        if self.idempotent_replayed && attempts.is_empty() {
+            return;
+        }
+        self.attempts = attempts;
+    }
+
+    fn record_served_by(&mut self, link: &Link) {
+        self.fallback_position = link.position();
+    }
+
+    fn mark_degraded(&mut self) {
+        self.degraded = true;
     }
 }
 

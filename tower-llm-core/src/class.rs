@@ -1,5 +1,8 @@
 //! The closed set of failure classes and what each one means for the layers.
 
+use std::time::Duration;
+
+use http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 /// Why a call failed, as far as resilience decisions are concerned.
@@ -241,7 +244,7 @@ impl FailurePolicy {
     /// provider's explicit "do not retry" (`x-should-retry: false`) turning
     /// `retry` off. A provider's "do retry" never turns a terminal class
     /// into a retryable one.
-    pub const fn disposition(&self, failed: &crate::Classified) -> Disposition {
+    pub const fn disposition(&self, failed: &Classified) -> Disposition {
         let mut d = self.get(failed.class);
         if matches!(failed.should_retry, Some(false)) {
             d.retry = false;
@@ -253,6 +256,34 @@ impl FailurePolicy {
 impl Default for FailurePolicy {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// A failure as the layers see it: its class plus the hints that shape what
+/// happens next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Classified {
+    /// The failure class.
+    pub class: FailureClass,
+    /// How long the provider asked us to wait (`Retry-After`, `retry-after-ms`)
+    /// or, for an open circuit, the rest of the cooldown.
+    pub retry_after: Option<Duration>,
+    /// The provider's own advice (`x-should-retry`). `Some(false)` vetoes a
+    /// retry on the same link; see [`FailurePolicy::disposition`].
+    pub should_retry: Option<bool>,
+    /// The HTTP status of the failed answer, when there was one.
+    pub http_status: Option<StatusCode>,
+}
+
+impl Classified {
+    /// A classification with no hints.
+    pub const fn new(class: FailureClass) -> Self {
+        Classified {
+            class,
+            retry_after: None,
+            should_retry: None,
+            http_status: None,
+        }
     }
 }
 

@@ -46,6 +46,8 @@ impl EmbeddingRequest {
     }
 }
 
+crate::call::call_field!(EmbeddingRequest);
+
 /// The vectors of an [`EmbeddingRequest`], in input order.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EmbeddingResponse {

@@ -44,7 +44,6 @@
 //!
 //! [tower-llm]: https://docs.rs/tower-llm
 
-mod attempt;
 mod bounded;
 mod call;
 mod chat;
@@ -53,35 +52,40 @@ mod classify;
 mod deadline;
 mod embed;
 mod error;
+mod extensions;
 mod link;
+mod log;
+mod owner;
+mod record;
+mod replay;
 mod retry_after;
 pub mod serde_millis;
 mod stream;
 pub mod telemetry;
 
-pub use attempt::{
-    AttemptLog, AttemptOutcome, AttemptRecord, AttemptStatus, Attempts, Degraded, KeepAttempts,
-    MAX_ATTEMPTS_PER_CALL, NextStep, NotReplayable, RecordsAttempts, RetryReason, RetryStop,
-    ServedBy,
-};
 pub use bounded::Bounded;
-pub use call::{Call, IdempotencyKey, LlmRequest, Replay};
+pub use call::{Call, IdempotencyKey, LlmRequest};
 pub use chat::{
     ChatChunk, ChatRequest, ChatResponse, Choice, ContentPart, FinishReason, Message, Role, Tool,
     ToolCall, ToolCallDelta, ToolChoice, Usage,
 };
-pub use class::{Disposition, FailureClass, FailurePolicy};
+pub use class::{Classified, Disposition, FailureClass, FailurePolicy};
 pub use classify::{
-    ChatClassifier, Classified, Classify, HttpClassifier, Outcome, X_SHOULD_RETRY, classify_status,
+    ChatClassifier, Classify, HttpClassifier, Outcome, X_SHOULD_RETRY, classify_status,
     should_retry,
 };
 pub use deadline::Deadline;
 pub use embed::{EmbeddingRequest, EmbeddingResponse};
 pub use error::{BoxError, Failure};
+pub use extensions::{Attempts, Degraded, KeepAttempts, NotReplayable, RecordsAttempts, ServedBy};
 pub use link::Link;
+pub use log::{AttemptLog, MAX_ATTEMPTS_PER_CALL};
+pub use owner::CallOwner;
+pub use record::{AttemptOutcome, AttemptRecord, AttemptStatus, NextStep, RetryReason, RetryStop};
+pub use replay::Replay;
 pub use retry_after::{
     MAX_RETRY_AFTER, RETRY_AFTER_MS, parse_retry_after, parse_retry_after_ms, retry_after,
     retry_after_at,
 };
 pub use stream::{ChatStream, ChunkStream};
-pub use telemetry::{CallOwner, GenAiMetrics, HedgeOutcome, Metrics};
+pub use telemetry::{GenAiMetrics, HedgeOutcome, Metrics};
