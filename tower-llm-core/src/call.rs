@@ -5,12 +5,13 @@
 //! [`AttemptLog`]. Every request type reaches it through one trait,
 //! [`LlmRequest`]:
 //!
-//! - [`ChatRequest`](crate::ChatRequest) and [`EmbeddingRequest`](crate::EmbeddingRequest) carry it as a field (`call`),
+//! - [`ChatRequest`] and [`EmbeddingRequest`] carry it as a field (`call`),
 //!   so a copy of the request clones a few reference counts and nothing
 //!   else (their prompt is shared too);
 //! - [`http::Request`] carries it in one slot of its [`http::Extensions`].
 //!
-//! The cross-layer contract is written on [`Call`].
+//! The layers write it through [`layer`](crate::layer), where the
+//! cross-layer contract is written.
 //!
 //! Each value in the carrier is read and stored through the request
 //! (`Deadline::of(&req)`, `Link::store(link, &mut req)`, ...): those
@@ -19,16 +20,13 @@
 //!
 //! [`ChatRequest`]: crate::ChatRequest
 //! [`EmbeddingRequest`]: crate::EmbeddingRequest
-//! [`CallOwner::install`]: crate::CallOwner::install
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Extensions, HeaderMap};
 
-use crate::{
-    AttemptLog, AttemptOutcome, AttemptRecord, Deadline, KeepAttempts, Link, NotReplayable,
-};
+use crate::{AttemptLog, Deadline, KeepAttempts, Link, NotReplayable};
 
 /// Everything one logical call carries between the layers: the deadline,
 /// the link being tried, the attempt number and the shared attempt log.
@@ -40,53 +38,11 @@ use crate::{
 /// else (their prompt is shared too); [`http::Request`] carries it in one
 /// slot of its [`http::Extensions`].
 ///
-/// # The cross-layer contract
-///
-/// The layers never talk to each other except through the carrier, by
-/// these rules (each has a test in this crate or in its layer's crate):
-///
-/// 1. **One owner.** The outermost tower-llm layer that finds no attempt
-///    log installs one ([`CallOwner::install`]) and is the call's owner:
-///    it attaches the records to the response or the error when the call
-///    ends and records the once-per-call metrics. Every other layer only
-///    appends.
-/// 2. **One deadline.** The deadline layer stores its deadline
-///    ([`Deadline::store`]); an earlier deadline already there stays in
-///    force. Everything inside reads it; nothing extends it.
-/// 3. **Who is called.** The fallback layer stores the [`Link`] of the
-///    link it tries before calling it ([`Link::store`]). Retry and breaker
-///    read it for their records, metric labels and breaker keys.
-/// 4. **Attempt numbers.** The retry layer sets the number of the attempt
-///    a request copy is for ([`Call::set_attempt`]); it is 1 when unset.
-/// 5. **Who writes a record.** The retry layer writes one record per
-///    attempt, *before* it drops the attempt's inner future, so that the
-///    breaker (inside it) can tell an attempt cut by the retry layer's
-///    timeout (the record is there) from a call abandoned by the caller
-///    (it is not). Without a retry layer, the breaker writes the record of
-///    each attempt it admits or refuses. The layer that wrote a record
-///    completes it with [`AttemptLog::complete`], which also names the
-///    record's provider and model in an error that names none (a
-///    [`Failure`](crate::Failure)'s origin is set nowhere else). The
-///    fallback layer rewrites the `next` step of the previous link's last
-///    record when it fails over.
-/// 6. **Copies for later.** A layer that may send a request again (the
-///    retry layer's next attempt, the fallback layer's next link) keeps a
-///    [`Replay`] copy: the request without its carrier, and the carrier
-///    beside it, put back when the copy is sent. A request that is not
-///    [replayable](LlmRequest::is_replayable) is sent once.
-/// 7. **Hedges.** A hedge layer sends a [`Replay`] copy marked
-///    [`Call::set_hedge`] while the first attempt still runs; the records
-///    of the hedge's attempts say [`hedge`](crate::AttemptRecord::hedge).
-///    Records are completed by index, never as "the latest", since two
-///    branches append concurrently. When one branch answers, the hedge
-///    layer drops the other through [`AttemptLog::drop_hedge_loser`]: the
-///    loser's layers see an ordinary cancellation, and its in-flight
-///    records end as
-///    [`CancelledByHedge`](crate::AttemptOutcome::CancelledByHedge), which
-///    metrics and "the last attempt" of a call skip.
-///
-///
-/// [`CallOwner::install`]: crate::CallOwner::install
+/// Read it here; the layers write it through
+/// [`layer::CallExt`](crate::layer::CallExt), by the cross-layer contract
+/// written in the [`layer`](crate::layer#the-cross-layer-contract) module
+/// (one owner, one deadline, who is called, attempt numbers, who writes a
+/// record, copies for later, hedges).
 ///
 /// ```
 /// use std::time::Duration;
@@ -106,15 +62,15 @@ use crate::{
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct Call {
-    deadline: Option<Deadline>,
-    log: Option<AttemptLog>,
-    link: Option<Link>,
+    pub(crate) deadline: Option<Deadline>,
+    pub(crate) log: Option<AttemptLog>,
+    pub(crate) link: Option<Link>,
     /// The number of the attempt this copy is for (0: unset, read as 1).
-    attempt: u8,
+    pub(crate) attempt: u8,
     /// This copy is a hedge (rule 7).
-    hedge: bool,
+    pub(crate) hedge: bool,
     /// The caller's idempotency key, if any.
-    idempotency: Option<IdempotencyKey>,
+    pub(crate) idempotency: Option<IdempotencyKey>,
 }
 
 /// The idempotency key of a call (the `Idempotency-Key` header's value, or
@@ -203,20 +159,9 @@ impl Call {
         self.hedge
     }
 
-    /// Marks this request copy as a hedge (the hedge layer's rule 7).
-    pub fn set_hedge(&mut self, hedge: bool) {
-        self.hedge = hedge;
-    }
-
-    /// Sets the number of the attempt this request copy is for (the retry
-    /// layer's rule 4).
-    pub fn set_attempt(&mut self, attempt: u8) {
-        self.attempt = attempt;
-    }
-
     /// Stores `deadline`, keeping an earlier one already there; returns the
-    /// deadline in force.
-    pub fn store_deadline(&mut self, deadline: Deadline) -> Deadline {
+    /// deadline in force (rule 2).
+    pub(crate) fn put_deadline(&mut self, deadline: Deadline) -> Deadline {
         let in_force = match self.deadline {
             Some(existing) if existing < deadline => existing,
             _ => deadline,
@@ -225,15 +170,9 @@ impl Call {
         in_force
     }
 
-    /// Stores the link being tried (replacing one stored before).
-    pub fn set_link(&mut self, link: Link) {
-        self.link = Some(link);
-    }
-
-    /// Installs a fresh attempt log unless the call has one. Returns the log
-    /// if this call created it (the caller is then the call's owner), `None`
-    /// if an outer layer owns the call.
-    pub fn install_log(&mut self) -> Option<AttemptLog> {
+    /// Installs a fresh attempt log unless the call has one: the log if
+    /// this call created it (rule 1).
+    pub(crate) fn install_fresh_log(&mut self) -> Option<AttemptLog> {
         if self.log.is_some() {
             return None;
         }
@@ -411,7 +350,7 @@ impl Deadline {
     /// Stores this deadline in the call `req` carries, keeping an earlier
     /// one that is already there. Returns the deadline now in force.
     pub fn store<R: LlmRequest + ?Sized>(self, req: &mut R) -> Deadline {
-        req.call_mut().store_deadline(self)
+        req.call_mut().put_deadline(self)
     }
 }
 
@@ -424,38 +363,14 @@ impl Link {
     /// Stores this link in the call `req` carries (replacing one stored
     /// before).
     pub fn store<R: LlmRequest + ?Sized>(self, req: &mut R) {
-        req.call_mut().set_link(self);
+        req.call_mut().link = Some(self);
     }
 }
 
 impl AttemptLog {
-    /// Puts a new log into the call `req` carries unless it has one.
-    /// Returns the log if this call created it (the caller is then its
-    /// owner and must attach it when the call ends), `None` if an outer
-    /// layer already owns one.
-    pub fn install<R: LlmRequest + ?Sized>(req: &mut R) -> Option<AttemptLog> {
-        req.call_mut().install_log()
-    }
-
     /// The log of the call `req` carries, if any.
     pub fn of<R: LlmRequest + ?Sized>(req: &R) -> Option<&AttemptLog> {
         req.call().and_then(Call::log)
-    }
-}
-
-impl AttemptRecord {
-    /// The in-flight record of an attempt about to be sent with `call`:
-    /// its link (or `link` when the call names none), attempt number and
-    /// whether it is a hedge, read from the carrier.
-    pub fn begun(call: Option<&Call>, link: &Link) -> Self {
-        let mut record = AttemptRecord::new(
-            call.and_then(Call::link).unwrap_or(link),
-            call.map_or(1, Call::attempt),
-            AttemptOutcome::InFlight,
-            Duration::ZERO,
-        );
-        record.hedge = call.is_some_and(Call::is_hedge);
-        record
     }
 }
 

@@ -320,7 +320,7 @@ pub struct ChatResponse {
     /// Token counts.
     pub usage: Usage,
     /// Time from sending the request to having the whole answer.
-    #[serde(with = "crate::serde_millis")]
+    #[serde(with = "crate::layer::serde_millis")]
     pub latency: Duration,
     /// Every attempt the call made (attached by the outermost layer).
     #[serde(default)]

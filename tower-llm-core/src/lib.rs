@@ -44,7 +44,6 @@
 //!
 //! [tower-llm]: https://docs.rs/tower-llm
 
-mod bounded;
 mod call;
 mod chat;
 mod class;
@@ -53,17 +52,14 @@ mod deadline;
 mod embed;
 mod error;
 mod extensions;
+pub mod layer;
 mod link;
 mod log;
-mod owner;
 mod record;
-mod replay;
 mod retry_after;
-pub mod serde_millis;
 mod stream;
 pub mod telemetry;
 
-pub use bounded::Bounded;
 pub use call::{Call, IdempotencyKey, LlmRequest};
 pub use chat::{
     ChatChunk, ChatRequest, ChatResponse, Choice, ContentPart, FinishReason, Message, Role, Tool,
@@ -80,12 +76,10 @@ pub use error::{BoxError, Failure};
 pub use extensions::{Attempts, Degraded, KeepAttempts, NotReplayable, RecordsAttempts, ServedBy};
 pub use link::Link;
 pub use log::{AttemptLog, MAX_ATTEMPTS_PER_CALL};
-pub use owner::CallOwner;
 pub use record::{AttemptOutcome, AttemptRecord, AttemptStatus, NextStep, RetryReason, RetryStop};
-pub use replay::Replay;
 pub use retry_after::{
     MAX_RETRY_AFTER, RETRY_AFTER_MS, parse_retry_after, parse_retry_after_ms, retry_after,
     retry_after_at,
 };
 pub use stream::{ChatStream, ChunkStream};
-pub use telemetry::{GenAiMetrics, HedgeOutcome, Metrics};
+pub use telemetry::{GenAiMetrics, Metrics};

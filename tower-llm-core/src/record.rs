@@ -183,7 +183,7 @@ pub struct AttemptRecord {
     /// What happened next.
     pub next: NextStep,
     /// Wall time of the attempt (milliseconds on the wire).
-    #[serde(with = "crate::serde_millis")]
+    #[serde(with = "crate::layer::serde_millis")]
     pub elapsed: Duration,
     /// HTTP status of the answer; `None` when no answer came (timeout,
     /// connect error, open circuit).

@@ -35,7 +35,6 @@
 //! recorded by the provider services.
 //!
 //! [`AttemptLog`]: crate::AttemptLog
-//! [`CallOwner`]: crate::CallOwner
 
 use std::fmt;
 use std::sync::Arc;
@@ -231,14 +230,14 @@ impl Metrics {
     }
 
     /// Counts one answer replayed by an idempotency layer.
-    pub fn record_idempotent_replay(&self) {
+    pub(crate) fn count_idempotent_replay(&self) {
         if let Some(m) = self.inner.as_deref() {
             m.replays.add(1, &[]);
         }
     }
 
     /// Counts one hedge decision.
-    pub fn record_hedge(&self, outcome: HedgeOutcome) {
+    pub(crate) fn count_hedge(&self, outcome: HedgeOutcome) {
         if let Some(m) = self.inner.as_deref() {
             m.hedges
                 .add(1, &[KeyValue::new("outcome", outcome.as_metric_label())]);
@@ -247,7 +246,7 @@ impl Metrics {
 
     /// Records a finished logical call: `failure` is its error (`None` on
     /// success), `attempts` its attempt records.
-    pub fn record_call(&self, failure: Option<&Failure>, attempts: &[AttemptRecord]) {
+    pub(crate) fn count_call(&self, failure: Option<&Failure>, attempts: &[AttemptRecord]) {
         let Some(m) = self.inner.as_deref() else {
             return;
         };
@@ -482,12 +481,12 @@ mod tests {
         let bad = Failure::new(FailureClass::BadRequest);
         assert_eq!(CallOutcome::of(Some(&bad)), CallOutcome::Terminal4xx);
         let mut exhausted = Failure::new(FailureClass::BadRequest);
-        exhausted.mark_all_links_failed(None);
+        exhausted.set_all_links_failed(None);
         assert_eq!(CallOutcome::of(Some(&exhausted)), CallOutcome::AllFailed);
         let late = Failure::deadline_exceeded();
         assert_eq!(CallOutcome::of(Some(&late)).as_metric_label(), "all_failed");
         // Disabled metrics accept anything.
-        Metrics::disabled().record_call(Some(&late), &[]);
+        Metrics::disabled().count_call(Some(&late), &[]);
         assert!(format!("{:?}", Metrics::disabled()).contains("false"));
     }
 }

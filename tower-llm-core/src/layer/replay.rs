@@ -1,10 +1,12 @@
 //! [`Replay`]: a request copy kept to send later.
 
+use super::owner::CallOwner;
 use crate::telemetry::Metrics;
-use crate::{Call, CallOwner, LlmRequest};
+use crate::{Call, LlmRequest};
 
 /// A request copy kept to send later (the retry layer's next attempt, the
-/// fallback layer's next link; rule 6 of the contract on [`Call`]): the
+/// fallback layer's next link; rule 6 of the
+/// [contract](super#the-cross-layer-contract)): the
 /// request without its carrier, and the carrier beside it, put back when
 /// the copy is sent. On the success path the copy is never sent, so keeping
 /// it costs the request's own clone (reference counts for a
@@ -98,6 +100,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::layer::{AttemptLogExt as _, CallExt as _};
     use crate::{
         AttemptLog, AttemptOutcome, AttemptRecord, ChatRequest, Deadline, Link, Message,
         NotReplayable,

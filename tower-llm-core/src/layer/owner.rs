@@ -1,11 +1,10 @@
 //! [`CallOwner`]: what the layer that owns a logical call holds until the
 //! call ends.
 
+use super::log::AttemptLogExt as _;
+use super::metrics::MetricsExt as _;
 use crate::telemetry::{CallOutcome, Metrics, last_attempt};
-use crate::{
-    AttemptLog, AttemptOutcome, AttemptRecord, Call, Deadline, Failure, FailureClass, LlmRequest,
-    RecordsAttempts,
-};
+use crate::{AttemptLog, AttemptOutcome, AttemptRecord, Failure, FailureClass, RecordsAttempts};
 
 /// What the layer that owns a logical call holds until the call ends: the
 /// call's [`AttemptLog`], its [`Metrics`] and its `llm.call` tracing span
@@ -29,14 +28,14 @@ pub struct CallOwner {
 
 impl CallOwner {
     /// Takes ownership of the call `req` carries (rule 1 of the [carrier's
-    /// contract](crate::Call)): a fresh attempt log and span, or `None` when
-    /// an outer layer already owns the call.
+    /// contract](super#the-cross-layer-contract)): a fresh attempt log and
+    /// span, or `None` when an outer layer already owns the call.
     pub fn install<R: crate::LlmRequest + ?Sized>(
         req: &mut R,
         metrics: &Metrics,
     ) -> Option<CallOwner> {
         let keep = req.keeps_attempts();
-        let log = AttemptLog::install(req)?;
+        let log = req.call_mut().install_fresh_log()?;
         Some(CallOwner::owning(log, metrics, keep))
     }
 
@@ -161,25 +160,5 @@ impl Drop for CallOwner {
             .with_message("the call was dropped before it ended");
         self.report(Some(&cancelled), &records, "cancelled");
         self.metrics.record_call(Some(&cancelled), &records);
-    }
-}
-
-impl Call {
-    /// What the deadline layer does first: stores `deadline` (an earlier
-    /// one already there stays in force) and takes ownership of the call
-    /// when no outer tower-llm layer has. Returns the deadline in force and
-    /// the ownership, if taken.
-    pub fn begin<R: LlmRequest + ?Sized>(
-        req: &mut R,
-        deadline: Deadline,
-        metrics: &Metrics,
-    ) -> (Deadline, Option<CallOwner>) {
-        let keep = req.keeps_attempts();
-        let call = req.call_mut();
-        let deadline = call.store_deadline(deadline);
-        let owner = call
-            .install_log()
-            .map(|log| CallOwner::owning(log, metrics, keep));
-        (deadline, owner)
     }
 }
