@@ -11,6 +11,7 @@ use crate::{AttemptRecord, Link, RecordsAttempts};
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Role {
     /// Instructions for the model.
     System,
@@ -25,6 +26,7 @@ pub enum Role {
 /// One part of a message's content.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ContentPart {
     /// Plain text.
     Text {
@@ -133,6 +135,7 @@ pub struct Tool {
 /// Whether and which tool the model must call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ToolChoice {
     /// The model decides.
     Auto,
@@ -245,6 +248,7 @@ crate::call::call_field!(ChatRequest);
 /// Why the model stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FinishReason {
     /// A natural end or a stop sequence.
     Stop,

@@ -7,13 +7,17 @@ use serde::{Deserialize, Serialize};
 
 /// Why a call failed, as far as resilience decisions are concerned.
 ///
-/// The set is closed: every failure any tower-llm layer or provider produces
-/// is exactly one of these. Each class answers three questions through its
+/// Every failure any tower-llm layer or provider produces is exactly one
+/// of these. The set may grow in a minor release (as `Conflict` did), so
+/// it is `#[non_exhaustive]`: a `match` outside this crate needs a
+/// wildcard arm (ask the class's [`Disposition`] rather than listing
+/// classes where you can). Each class answers three questions through its
 /// [`Disposition`]: retry on the same link? count against the circuit
 /// breaker? fail over to the next link? The defaults ([`FailureClass::default_disposition`])
 /// follow the project's seeds; a [`FailurePolicy`] overrides them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FailureClass {
     /// A server-side fault that time may fix: HTTP 5xx, a connect error, a
     /// connection reset, an overloaded provider (Anthropic's 529).

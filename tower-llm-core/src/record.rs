@@ -10,6 +10,7 @@ use crate::{FailureClass, Link};
 /// How one attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum AttemptOutcome {
     /// The attempt succeeded.
     Succeeded,
@@ -31,6 +32,7 @@ pub enum AttemptOutcome {
 /// What the layers did after an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum NextStep {
     /// The result (success or final failure) went back to the caller.
     #[default]
@@ -44,6 +46,7 @@ pub enum NextStep {
 /// Why the retry layer did not try a failed attempt again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum RetryStop {
     /// The failure class is not retryable under the failure policy, or the
     /// provider said `x-should-retry: false`.
@@ -84,6 +87,7 @@ impl RetryStop {
 /// by [`AttemptRecord::status`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum AttemptStatus {
     /// The attempt succeeded.
     Succeeded,

@@ -114,6 +114,7 @@ impl CallOutcome {
 
 /// The outcome label of `ai_router_hedges_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum HedgeOutcome {
     /// A hedge was sent and answered first.
     Won,
