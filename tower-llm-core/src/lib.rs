@@ -62,8 +62,8 @@ pub mod telemetry;
 
 pub use call::{Call, IdempotencyKey, LlmRequest};
 pub use chat::{
-    ChatChunk, ChatRequest, ChatResponse, Choice, ContentPart, FinishReason, Message, Role, Tool,
-    ToolCall, ToolCallDelta, ToolChoice, Usage,
+    ChatChunk, ChatRequest, ChatResponse, ChatResponseBuilder, Choice, ContentPart, FinishReason,
+    Message, Role, Tool, ToolCall, ToolCallDelta, ToolChoice, Usage,
 };
 pub use class::{Classified, Disposition, FailureClass, FailurePolicy};
 pub use classify::{
