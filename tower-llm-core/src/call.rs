@@ -236,7 +236,7 @@ pub trait LlmRequest {
     }
 
     /// A copy of this request for a later attempt or link, *without* its
-    /// call (see [`Replay`]). The default takes the call out for the moment
+    /// call (see [`Replay`](crate::layer::Replay)). The default takes the call out for the moment
     /// of the clone.
     fn copy_without_call(&mut self) -> Self
     where

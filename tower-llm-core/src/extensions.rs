@@ -16,8 +16,8 @@ pub struct NotReplayable;
 ///
 /// Attaching them costs an extension map on every response (three
 /// allocations in `http` 1.x), so an `http::Response` gets them only when
-/// its request asked. A [`ChatResponse`] carries them in a field and always
-/// has them; a failure always carries them ([`Failure::attempts`]).
+/// its request asked. A [`ChatResponse`](crate::ChatResponse) carries them in a field and always
+/// has them; a failure always carries them ([`Failure::attempts`](crate::Failure::attempts)).
 ///
 /// ```
 /// use tower_llm_core::KeepAttempts;
@@ -42,7 +42,7 @@ pub struct ServedBy(pub Link);
 /// A response that can carry the call's attempt records.
 ///
 /// The outermost tower-llm layer attaches the log to the response with this
-/// trait: [`ChatResponse`] keeps it in its `attempts` field, an
+/// trait: [`ChatResponse`](crate::ChatResponse) keeps it in its `attempts` field, an
 /// [`http::Response`] in its extensions as [`Attempts`]. For your own
 /// response type, implement it (or write `impl RecordsAttempts for MyResponse {}`
 /// to discard the records).

@@ -1,7 +1,7 @@
 //! The shared vocabulary of [tower-llm]: how every layer and provider talks
 //! about failure, time and attempts.
 //!
-//! - [`FailureClass`]: the closed set of reasons a call fails, each with a
+//! - [`FailureClass`]: why a call failed (one class per failure), each with a
 //!   [`Disposition`] (retry? trip the breaker? fail over?) that a
 //!   [`FailurePolicy`] can override.
 //! - [`Failure`]: the one structured error type, `hyper::Error`-style.
@@ -10,15 +10,21 @@
 //!   status, `Retry-After`, `retry-after-ms`, `x-should-retry`).
 //! - [`Call`]: what one call carries between the layers (deadline, link,
 //!   attempt number, attempt log), reached through [`LlmRequest`] on any
-//!   request type; the cross-layer contract is written in its module.
+//!   request type; read it here.
 //! - [`Deadline`]: the call's absolute deadline.
 //! - [`AttemptLog`]: one [`AttemptRecord`] per attempt, at most
 //!   [`MAX_ATTEMPTS_PER_CALL`], returned with the response and the error.
-//! - [`ChatRequest`], [`ChatResponse`], [`ChatChunk`]: provider-neutral chat types;
+//! - [`ChatRequest`], [`ChatResponse`] (and its [builder](ChatResponse::builder)),
+//!   [`ChatChunk`]: provider-neutral chat types;
 //!   [`ChatStream`]: a streamed answer, returned at its commit point (the
 //!   first content frame).
-//! - [`Bounded`]: a future cut off at an instant, the timer of every
-//!   tower-llm timeout.
+//! - [`layer`]: for authors of layers, not for programs that use them:
+//!   how the layers write the carrier and the attempt log (sealed
+//!   extension traits), the cross-layer contract they follow, the call's
+//!   owner, request copies for later, and the timer of every tower-llm
+//!   timeout. Like `tracing_core::subscriber`, the API for those who
+//!   extend the crate lives in a named module; the root is what every
+//!   user touches.
 //!
 //! This crate depends on no other tower-llm crate and has no `tower`
 //! dependency: it is vocabulary (and one small future) only.
