@@ -13,7 +13,7 @@ pub struct RatioTrigger {
     /// ...among at least this many calls in the window.
     pub min_calls: u32,
     /// The rolling window.
-    #[serde(rename = "window_ms", with = "tower_llm_core::serde_millis")]
+    #[serde(rename = "window_ms", with = "tower_llm_core::layer::serde_millis")]
     pub window: Duration,
 }
 
@@ -75,12 +75,15 @@ pub struct BreakerConfig {
     #[serde(rename = "slow_call_ms", with = "opt_millis")]
     pub slow_call: Option<Duration>,
     /// How long a circuit stays open before probing (default 30 s).
-    #[serde(rename = "cooldown_ms", with = "tower_llm_core::serde_millis")]
+    #[serde(rename = "cooldown_ms", with = "tower_llm_core::layer::serde_millis")]
     pub cooldown: Duration,
     /// Cooldown multiplier for each consecutive re-open (default 1: fixed).
     pub cooldown_growth: f64,
     /// The longest cooldown after growth (default 5 min).
-    #[serde(rename = "max_cooldown_ms", with = "tower_llm_core::serde_millis")]
+    #[serde(
+        rename = "max_cooldown_ms",
+        with = "tower_llm_core::layer::serde_millis"
+    )]
     pub max_cooldown: Duration,
     /// Probes admitted in half-open, and successes needed to close
     /// (default 1).
@@ -98,14 +101,14 @@ pub struct BreakerConfig {
     /// rate-limited failure, as one without `Retry-After` does.
     #[serde(
         rename = "min_rate_limit_hold_ms",
-        with = "tower_llm_core::serde_millis"
+        with = "tower_llm_core::layer::serde_millis"
     )]
     pub min_rate_limit_hold: Duration,
     /// The longest hold (default 5 min): a longer `Retry-After` holds this
     /// long.
     #[serde(
         rename = "max_rate_limit_hold_ms",
-        with = "tower_llm_core::serde_millis"
+        with = "tower_llm_core::layer::serde_millis"
     )]
     pub max_rate_limit_hold: Duration,
     /// What one counted outcome stands for: every attempt (default) or

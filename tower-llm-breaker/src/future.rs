@@ -5,6 +5,7 @@ use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
+use tower_llm_core::layer::AttemptLogExt as _;
 use tower_llm_core::{
     AttemptLog, AttemptOutcome, BoxError, Classify, Failure, FailureClass, Outcome,
 };

@@ -2,6 +2,7 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
 use tokio::time::Instant;
+use tower_llm_core::layer::{AttemptLogExt as _, AttemptRecordExt as _};
 use tower_llm_core::{
     AttemptOutcome, AttemptRecord, BoxError, Call, Classify, Failure, FailureClass, LlmRequest,
 };

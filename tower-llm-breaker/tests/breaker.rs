@@ -11,6 +11,7 @@ use tower::{Layer, ServiceExt, service_fn};
 use tower_llm_breaker::{
     BreakerConfig, BreakerHandle, BreakerKey, BreakerLayer, CircuitState, RatioTrigger, Transition,
 };
+use tower_llm_core::layer::AttemptLogExt as _;
 use tower_llm_core::{ChatRequest, ChatResponse, Failure, FailureClass, Link, Message, Usage};
 
 type Svc = BoxCloneService<ChatRequest, ChatResponse, Failure>;

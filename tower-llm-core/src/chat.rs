@@ -6,11 +6,12 @@ use std::time::Duration;
 use http::Extensions;
 use serde::{Deserialize, Serialize};
 
-use crate::AttemptRecord;
+use crate::{AttemptRecord, Link, RecordsAttempts};
 
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Role {
     /// Instructions for the model.
     System,
@@ -25,6 +26,7 @@ pub enum Role {
 /// One part of a message's content.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ContentPart {
     /// Plain text.
     Text {
@@ -133,6 +135,7 @@ pub struct Tool {
 /// Whether and which tool the model must call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ToolChoice {
     /// The model decides.
     Auto,
@@ -240,9 +243,12 @@ impl ChatRequest {
     }
 }
 
+crate::call::call_field!(ChatRequest);
+
 /// Why the model stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FinishReason {
     /// A natural end or a stop sequence.
     Stop,
@@ -291,8 +297,9 @@ pub struct Choice {
 
 /// A provider-neutral chat answer.
 ///
-/// `Default` is an empty answer, for building one field by field (test
-/// doubles, degraded answers): `ChatResponse { id, ..Default::default() }`.
+/// Build one with [`ChatResponse::builder`] (test doubles, degraded
+/// answers), or field by field from `Default`, an empty answer:
+/// `ChatResponse { id, ..Default::default() }`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatResponse {
     /// The provider's id of the answer.
@@ -318,7 +325,7 @@ pub struct ChatResponse {
     /// Token counts.
     pub usage: Usage,
     /// Time from sending the request to having the whole answer.
-    #[serde(with = "crate::serde_millis")]
+    #[serde(with = "crate::layer::serde_millis")]
     pub latency: Duration,
     /// Every attempt the call made (attached by the outermost layer).
     #[serde(default)]
@@ -326,6 +333,38 @@ pub struct ChatResponse {
 }
 
 impl ChatResponse {
+    /// A builder for an answer from `model` (test doubles, degraded
+    /// answers, a provider of your own). Text, tool calls and the finish
+    /// reason go to the first choice; a first choice without a finish
+    /// reason ends with [`ToolCalls`](FinishReason::ToolCalls) when it
+    /// called tools, [`Stop`](FinishReason::Stop) otherwise.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_llm_core::{ChatResponse, FinishReason, Usage};
+    ///
+    /// let answer = ChatResponse::builder("gpt-4o-mini")
+    ///     .provider("openai")
+    ///     .text("Hello!")
+    ///     .usage(Usage { prompt_tokens: 9, completion_tokens: 3, ..Usage::default() })
+    ///     .finish_reason(FinishReason::Length)
+    ///     .latency(Duration::from_millis(120))
+    ///     .build();
+    /// assert_eq!(answer.text(), "Hello!");
+    /// assert_eq!(answer.finish_reason(), Some(FinishReason::Length));
+    /// assert_eq!((answer.model.as_str(), &*answer.provider), ("gpt-4o-mini", "openai"));
+    /// assert_eq!(answer.usage.total_tokens(), 12);
+    /// ```
+    pub fn builder(model: impl Into<String>) -> ChatResponseBuilder {
+        ChatResponseBuilder {
+            response: ChatResponse {
+                model: model.into(),
+                ..ChatResponse::default()
+            },
+            first: None,
+        }
+    }
+
     /// The first choice's text, or `""`.
     pub fn text(&self) -> &str {
         self.choices.first().map_or("", |c| c.text.as_str())
@@ -334,6 +373,113 @@ impl ChatResponse {
     /// The first choice's finish reason.
     pub fn finish_reason(&self) -> Option<FinishReason> {
         self.choices.first().map(|c| c.finish_reason)
+    }
+}
+
+impl RecordsAttempts for ChatResponse {
+    /// A replayed answer keeps the records of the call that produced it
+    /// when the replaying call made no attempt.
+    fn record_attempts(&mut self, attempts: Vec<AttemptRecord>) {
+        if self.idempotent_replayed && attempts.is_empty() {
+            return;
+        }
+        self.attempts = attempts;
+    }
+
+    fn record_served_by(&mut self, link: &Link) {
+        self.fallback_position = link.position();
+    }
+
+    fn mark_degraded(&mut self) {
+        self.degraded = true;
+    }
+}
+
+/// Builds a [`ChatResponse`]; made by [`ChatResponse::builder`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ChatResponseBuilder {
+    response: ChatResponse,
+    /// The first choice, while it is being built: its text, tool calls and
+    /// finish reason (if given).
+    first: Option<(String, Vec<ToolCall>, Option<FinishReason>)>,
+}
+
+impl ChatResponseBuilder {
+    /// The provider's id of the answer.
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.response.id = id.into();
+        self
+    }
+
+    /// The provider that served (for example `"openai"`).
+    pub fn provider(mut self, provider: impl Into<Arc<str>>) -> Self {
+        self.response.provider = provider.into();
+        self
+    }
+
+    /// The first choice's text (replacing text set before).
+    pub fn text(mut self, text: impl Into<String>) -> Self {
+        self.first_choice().0 = text.into();
+        self
+    }
+
+    /// Adds a tool call to the first choice.
+    pub fn tool_call(mut self, call: ToolCall) -> Self {
+        self.first_choice().1.push(call);
+        self
+    }
+
+    /// Why the first choice stopped.
+    pub fn finish_reason(mut self, reason: FinishReason) -> Self {
+        self.first_choice().2 = Some(reason);
+        self
+    }
+
+    /// Adds a whole choice after the first (its `index` is kept as given).
+    pub fn choice(mut self, choice: Choice) -> Self {
+        self.first_choice();
+        self.response.choices.push(choice);
+        self
+    }
+
+    /// The token counts.
+    pub fn usage(mut self, usage: Usage) -> Self {
+        self.response.usage = usage;
+        self
+    }
+
+    /// The time from sending the request to having the whole answer.
+    pub fn latency(mut self, latency: Duration) -> Self {
+        self.response.latency = latency;
+        self
+    }
+
+    /// The answer.
+    #[must_use]
+    pub fn build(self) -> ChatResponse {
+        let mut response = self.response;
+        if let Some((text, tool_calls, reason)) = self.first {
+            let finish_reason = reason.unwrap_or(if tool_calls.is_empty() {
+                FinishReason::Stop
+            } else {
+                FinishReason::ToolCalls
+            });
+            response.choices.insert(
+                0,
+                Choice {
+                    index: 0,
+                    text,
+                    tool_calls,
+                    finish_reason,
+                },
+            );
+        }
+        response
+    }
+
+    fn first_choice(&mut self) -> &mut (String, Vec<ToolCall>, Option<FinishReason>) {
+        self.first.get_or_insert_with(Default::default)
     }
 }
 
@@ -431,6 +577,37 @@ mod tests {
         assert_eq!(res.usage.total_tokens(), u32::MAX);
         let json = serde_json::to_value(&res).expect("json");
         assert_eq!(json["latency"], 850);
+    }
+
+    #[test]
+    fn the_builder_fills_the_first_choice() {
+        let call = ToolCall {
+            id: "call_1".into(),
+            name: "add".into(),
+            arguments: "{}".into(),
+        };
+        let res = ChatResponse::builder("m").tool_call(call.clone()).build();
+        assert_eq!(res.finish_reason(), Some(FinishReason::ToolCalls));
+        assert_eq!(res.choices[0].tool_calls, vec![call]);
+        assert_eq!(res.text(), "");
+        let res = ChatResponse::builder("m")
+            .choice(Choice {
+                index: 1,
+                text: "second".into(),
+                tool_calls: vec![],
+                finish_reason: FinishReason::Length,
+            })
+            .text("first")
+            .build();
+        assert_eq!(res.choices.len(), 2);
+        assert_eq!(
+            (res.text(), res.finish_reason()),
+            ("first", Some(FinishReason::Stop))
+        );
+        assert_eq!(res.choices[1].text, "second");
+        let empty = ChatResponse::builder("m").id("x").build();
+        assert!(empty.choices.is_empty());
+        assert_eq!((empty.id.as_str(), empty.model.as_str()), ("x", "m"));
     }
 
     #[test]

@@ -1,16 +1,23 @@
 //! The closed set of failure classes and what each one means for the layers.
 
+use std::time::Duration;
+
+use http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 /// Why a call failed, as far as resilience decisions are concerned.
 ///
-/// The set is closed: every failure any tower-llm layer or provider produces
-/// is exactly one of these. Each class answers three questions through its
+/// Every failure any tower-llm layer or provider produces is exactly one
+/// of these. The set may grow in a minor release (as `Conflict` did), so
+/// it is `#[non_exhaustive]`: a `match` outside this crate needs a
+/// wildcard arm (ask the class's [`Disposition`] rather than listing
+/// classes where you can). Each class answers three questions through its
 /// [`Disposition`]: retry on the same link? count against the circuit
 /// breaker? fail over to the next link? The defaults ([`FailureClass::default_disposition`])
 /// follow the project's seeds; a [`FailurePolicy`] overrides them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FailureClass {
     /// A server-side fault that time may fix: HTTP 5xx, a connect error, a
     /// connection reset, an overloaded provider (Anthropic's 529).
@@ -241,7 +248,7 @@ impl FailurePolicy {
     /// provider's explicit "do not retry" (`x-should-retry: false`) turning
     /// `retry` off. A provider's "do retry" never turns a terminal class
     /// into a retryable one.
-    pub const fn disposition(&self, failed: &crate::Classified) -> Disposition {
+    pub const fn disposition(&self, failed: &Classified) -> Disposition {
         let mut d = self.get(failed.class);
         if matches!(failed.should_retry, Some(false)) {
             d.retry = false;
@@ -253,6 +260,34 @@ impl FailurePolicy {
 impl Default for FailurePolicy {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// A failure as the layers see it: its class plus the hints that shape what
+/// happens next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Classified {
+    /// The failure class.
+    pub class: FailureClass,
+    /// How long the provider asked us to wait (`Retry-After`, `retry-after-ms`)
+    /// or, for an open circuit, the rest of the cooldown.
+    pub retry_after: Option<Duration>,
+    /// The provider's own advice (`x-should-retry`). `Some(false)` vetoes a
+    /// retry on the same link; see [`FailurePolicy::disposition`].
+    pub should_retry: Option<bool>,
+    /// The HTTP status of the failed answer, when there was one.
+    pub http_status: Option<StatusCode>,
+}
+
+impl Classified {
+    /// A classification with no hints.
+    pub const fn new(class: FailureClass) -> Self {
+        Classified {
+            class,
+            retry_after: None,
+            should_retry: None,
+            http_status: None,
+        }
     }
 }
 

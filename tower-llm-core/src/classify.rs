@@ -1,44 +1,12 @@
 //! Turning a call's result into success or a failure class.
 
-use std::time::Duration;
-
 use http::{HeaderMap, HeaderName, StatusCode};
 
-#[cfg(doc)]
-use crate::ChatResponse;
-use crate::{Failure, FailureClass};
+use crate::{Classified, Failure, FailureClass};
 
 /// The header providers use to say whether a failed request is worth
 /// retrying (Anthropic, some OpenAI-compatible servers).
 pub const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
-
-/// A failure as the layers see it: its class plus the hints that shape what
-/// happens next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Classified {
-    /// The failure class.
-    pub class: FailureClass,
-    /// How long the provider asked us to wait (`Retry-After`, `retry-after-ms`)
-    /// or, for an open circuit, the rest of the cooldown.
-    pub retry_after: Option<Duration>,
-    /// The provider's own advice (`x-should-retry`). `Some(false)` vetoes a
-    /// retry on the same link; see [`FailurePolicy::disposition`](crate::FailurePolicy::disposition).
-    pub should_retry: Option<bool>,
-    /// The HTTP status of the failed answer, when there was one.
-    pub http_status: Option<StatusCode>,
-}
-
-impl Classified {
-    /// A classification with no hints.
-    pub const fn new(class: FailureClass) -> Self {
-        Classified {
-            class,
-            retry_after: None,
-            should_retry: None,
-            http_status: None,
-        }
-    }
-}
 
 /// The verdict of a [`Classify`] implementation on one result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +75,7 @@ where
     }
 }
 
-/// The default classifier for typed calls ([`ChatResponse`],
+/// The default classifier for typed calls ([`ChatResponse`](crate::ChatResponse),
 /// [`EmbeddingResponse`](crate::EmbeddingResponse), or any response type
 /// whose failures are `Err`s): `Ok` is success with HTTP status 200, `Err`
 /// is the [`Failure`]'s own classification.
@@ -205,6 +173,8 @@ pub fn should_retry(headers: &HeaderMap) -> Option<bool> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::{ChatResponse, FailurePolicy};
 

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use crate::{Call, LlmRequest};
 use tokio::time::Instant;
 
 /// How far ahead a deadline is put when `now + budget` would overflow the
@@ -75,22 +74,6 @@ impl Deadline {
     /// `min(wait, remaining)`.
     pub fn clamp(self, wait: Duration) -> Duration {
         wait.min(self.remaining())
-    }
-
-    /// The deadline of the call `req` carries, if any.
-    pub fn of<R: LlmRequest + ?Sized>(req: &R) -> Option<Self> {
-        req.call().and_then(Call::deadline)
-    }
-
-    /// The time left of the deadline of the call `req` carries, if any.
-    pub fn remaining_in<R: LlmRequest + ?Sized>(req: &R) -> Option<Duration> {
-        Deadline::of(req).map(Deadline::remaining)
-    }
-
-    /// Stores this deadline in the call `req` carries, keeping an earlier
-    /// one that is already there. Returns the deadline now in force.
-    pub fn store<R: LlmRequest + ?Sized>(self, req: &mut R) -> Deadline {
-        req.call_mut().store_deadline(self)
     }
 }
 

@@ -46,6 +46,8 @@ impl EmbeddingRequest {
     }
 }
 
+crate::call::call_field!(EmbeddingRequest);
+
 /// The vectors of an [`EmbeddingRequest`], in input order.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EmbeddingResponse {
@@ -58,7 +60,7 @@ pub struct EmbeddingResponse {
     /// Input tokens.
     pub prompt_tokens: u32,
     /// Time from sending the request to having the whole answer.
-    #[serde(with = "crate::serde_millis")]
+    #[serde(with = "crate::layer::serde_millis")]
     pub latency: Duration,
     /// Every attempt the call made (attached by the outermost layer).
     #[serde(default)]

@@ -237,9 +237,8 @@ impl Failure {
     }
 
     /// Marks this, the last link's failure, as the end of a fallback chain
-    /// in which every link failed; `retry_after` becomes `earliest` (the
-    /// soonest any link may serve again, when every link said).
-    pub fn mark_all_links_failed(&mut self, earliest: Option<Duration>) {
+    /// in which every link failed (`layer::FailureExt::mark_all_links_failed`).
+    pub(crate) fn set_all_links_failed(&mut self, earliest: Option<Duration>) {
         self.inner.all_links_failed = true;
         self.inner.retry_after = earliest;
     }

@@ -1,7 +1,7 @@
 //! The shared vocabulary of [tower-llm]: how every layer and provider talks
 //! about failure, time and attempts.
 //!
-//! - [`FailureClass`]: the closed set of reasons a call fails, each with a
+//! - [`FailureClass`]: why a call failed (one class per failure), each with a
 //!   [`Disposition`] (retry? trip the breaker? fail over?) that a
 //!   [`FailurePolicy`] can override.
 //! - [`Failure`]: the one structured error type, `hyper::Error`-style.
@@ -10,15 +10,21 @@
 //!   status, `Retry-After`, `retry-after-ms`, `x-should-retry`).
 //! - [`Call`]: what one call carries between the layers (deadline, link,
 //!   attempt number, attempt log), reached through [`LlmRequest`] on any
-//!   request type; the cross-layer contract is written in its module.
+//!   request type; read it here.
 //! - [`Deadline`]: the call's absolute deadline.
 //! - [`AttemptLog`]: one [`AttemptRecord`] per attempt, at most
 //!   [`MAX_ATTEMPTS_PER_CALL`], returned with the response and the error.
-//! - [`ChatRequest`], [`ChatResponse`], [`ChatChunk`]: provider-neutral chat types;
+//! - [`ChatRequest`], [`ChatResponse`] (and its [builder](ChatResponse::builder)),
+//!   [`ChatChunk`]: provider-neutral chat types;
 //!   [`ChatStream`]: a streamed answer, returned at its commit point (the
 //!   first content frame).
-//! - [`Bounded`]: a future cut off at an instant, the timer of every
-//!   tower-llm timeout.
+//! - [`layer`]: for authors of layers, not for programs that use them:
+//!   how the layers write the carrier and the attempt log (sealed
+//!   extension traits), the cross-layer contract they follow, the call's
+//!   owner, request copies for later, and the timer of every tower-llm
+//!   timeout. Like `tracing_core::subscriber`, the API for those who
+//!   extend the crate lives in a named module; the root is what every
+//!   user touches.
 //!
 //! This crate depends on no other tower-llm crate and has no `tower`
 //! dependency: it is vocabulary (and one small future) only.
@@ -44,8 +50,6 @@
 //!
 //! [tower-llm]: https://docs.rs/tower-llm
 
-mod attempt;
-mod bounded;
 mod call;
 mod chat;
 mod class;
@@ -53,35 +57,35 @@ mod classify;
 mod deadline;
 mod embed;
 mod error;
+mod extensions;
+pub mod layer;
 mod link;
+mod log;
+mod record;
 mod retry_after;
-pub mod serde_millis;
 mod stream;
 pub mod telemetry;
 
-pub use attempt::{
-    AttemptLog, AttemptOutcome, AttemptRecord, AttemptStatus, Attempts, Degraded, KeepAttempts,
-    MAX_ATTEMPTS_PER_CALL, NextStep, NotReplayable, RecordsAttempts, RetryReason, RetryStop,
-    ServedBy,
-};
-pub use bounded::Bounded;
-pub use call::{Call, IdempotencyKey, LlmRequest, Replay};
+pub use call::{Call, IdempotencyKey, LlmRequest};
 pub use chat::{
-    ChatChunk, ChatRequest, ChatResponse, Choice, ContentPart, FinishReason, Message, Role, Tool,
-    ToolCall, ToolCallDelta, ToolChoice, Usage,
+    ChatChunk, ChatRequest, ChatResponse, ChatResponseBuilder, Choice, ContentPart, FinishReason,
+    Message, Role, Tool, ToolCall, ToolCallDelta, ToolChoice, Usage,
 };
-pub use class::{Disposition, FailureClass, FailurePolicy};
+pub use class::{Classified, Disposition, FailureClass, FailurePolicy};
 pub use classify::{
-    ChatClassifier, Classified, Classify, HttpClassifier, Outcome, X_SHOULD_RETRY, classify_status,
+    ChatClassifier, Classify, HttpClassifier, Outcome, X_SHOULD_RETRY, classify_status,
     should_retry,
 };
 pub use deadline::Deadline;
 pub use embed::{EmbeddingRequest, EmbeddingResponse};
 pub use error::{BoxError, Failure};
+pub use extensions::{Attempts, Degraded, KeepAttempts, NotReplayable, RecordsAttempts, ServedBy};
 pub use link::Link;
+pub use log::{AttemptLog, MAX_ATTEMPTS_PER_CALL};
+pub use record::{AttemptOutcome, AttemptRecord, AttemptStatus, NextStep, RetryReason, RetryStop};
 pub use retry_after::{
     MAX_RETRY_AFTER, RETRY_AFTER_MS, parse_retry_after, parse_retry_after_ms, retry_after,
     retry_after_at,
 };
 pub use stream::{ChatStream, ChunkStream};
-pub use telemetry::{CallOwner, GenAiMetrics, HedgeOutcome, Metrics};
+pub use telemetry::{GenAiMetrics, Metrics};

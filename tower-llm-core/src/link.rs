@@ -2,12 +2,10 @@
 
 use std::sync::Arc;
 
-use crate::{Call, LlmRequest};
-
 /// A small descriptor of the link being called: provider name, model and
 /// its position in a fallback chain (0 = primary).
 ///
-/// The fallback layer stores one in the request's [`Call`] for each link it
+/// The fallback layer stores one in the request's [`Call`](crate::Call) for each link it
 /// tries; retry and breaker read it for attempt records, metric labels and
 /// breaker keys. Cloning is one reference-count increment.
 ///
@@ -104,16 +102,5 @@ impl Link {
     /// The position in the fallback chain (0 = primary).
     pub fn position(&self) -> u8 {
         self.inner.position
-    }
-
-    /// The link stored in the call `req` carries, if any.
-    pub fn of<R: LlmRequest + ?Sized>(req: &R) -> Option<&Link> {
-        req.call().and_then(Call::link)
-    }
-
-    /// Stores this link in the call `req` carries (replacing one stored
-    /// before).
-    pub fn store<R: LlmRequest + ?Sized>(self, req: &mut R) {
-        req.call_mut().set_link(self);
     }
 }

@@ -3,7 +3,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
-use tower_llm_core::{Bounded, BoxError, CallOwner, Failure, FailureClass, RecordsAttempts};
+use tower_llm_core::layer::{Bounded, CallOwner};
+use tower_llm_core::{BoxError, Failure, FailureClass, RecordsAttempts};
 
 pin_project! {
     /// Response future of [`EnforceDeadline`](crate::EnforceDeadline).

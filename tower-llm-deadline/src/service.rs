@@ -2,9 +2,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_llm_core::{
-    Bounded, BoxError, Call, Deadline, Failure, LlmRequest, Metrics, RecordsAttempts,
-};
+use tower_llm_core::layer::{Bounded, CallExt};
+use tower_llm_core::{BoxError, Call, Deadline, Failure, LlmRequest, Metrics, RecordsAttempts};
 use tower_service::Service;
 
 use crate::{DeadlineLayer, ResponseFuture, header_timeout};

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use tokio_test::{assert_pending, assert_ready_err, assert_ready_ok, task};
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt, service_fn};
+use tower_llm_core::layer::AttemptLogExt as _;
 use tower_llm_core::{
     AttemptLog, AttemptOutcome, AttemptRecord, Attempts, ChatRequest, ChatResponse, Deadline,
     Failure, FailureClass, Link, Message, Usage,

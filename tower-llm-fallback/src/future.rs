@@ -8,9 +8,10 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::ServiceExt;
 use tower::util::Oneshot;
+use tower_llm_core::layer::{AttemptLogExt as _, CallOwner, FailureExt as _, Replay};
 use tower_llm_core::{
-    AttemptLog, AttemptOutcome, AttemptRecord, BoxError, Call, CallOwner, Classified, Classify,
-    Deadline, Failure, FailureClass, LlmRequest, NextStep, Outcome, RecordsAttempts, Replay,
+    AttemptLog, AttemptOutcome, AttemptRecord, BoxError, Call, Classified, Classify, Deadline,
+    Failure, FailureClass, LlmRequest, NextStep, Outcome, RecordsAttempts,
 };
 
 use crate::LinkService;

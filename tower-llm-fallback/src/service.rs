@@ -1,7 +1,8 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tower_llm_core::{BoxError, Classify, Failure, LlmRequest, RecordsAttempts, Replay};
+use tower_llm_core::layer::Replay;
+use tower_llm_core::{BoxError, Classify, Failure, LlmRequest, RecordsAttempts};
 use tower_service::Service;
 
 use crate::ResponseFuture;

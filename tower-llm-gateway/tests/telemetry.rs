@@ -8,6 +8,7 @@ use std::time::Duration;
 use opentelemetry::metrics::MeterProvider as _;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_llm::breaker::BreakerConfig;
+use tower_llm::layer::MetricsExt as _;
 use tower_llm::prelude::*;
 use tower_llm::retry::FixedFraction;
 use tower_llm::{GenAiMetrics, Metrics};

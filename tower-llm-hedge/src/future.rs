@@ -7,9 +7,11 @@ use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
+use tower_llm_core::layer::CallExt as _;
+use tower_llm_core::layer::{AttemptLogExt as _, CallOwner, MetricsExt as _, Replay};
+use tower_llm_core::telemetry::HedgeOutcome;
 use tower_llm_core::{
-    AttemptLog, BoxError, CallOwner, Failure, FailureClass, HedgeOutcome, Link, LlmRequest,
-    RecordsAttempts, Replay,
+    AttemptLog, BoxError, Failure, FailureClass, Link, LlmRequest, RecordsAttempts,
 };
 use tower_service::Service;
 

@@ -4,9 +4,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::time::Instant;
-use tower_llm_core::{
-    BoxError, Call, Deadline, Failure, Link, LlmRequest, RecordsAttempts, Replay,
-};
+use tower_llm_core::layer::Replay;
+use tower_llm_core::{BoxError, Call, Deadline, Failure, Link, LlmRequest, RecordsAttempts};
 use tower_service::Service;
 
 use crate::ResponseFuture;

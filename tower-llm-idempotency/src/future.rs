@@ -8,7 +8,8 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
-use tower_llm_core::{Call, CallOwner, Failure, FailureClass, LlmRequest, RecordsAttempts};
+use tower_llm_core::layer::{CallOwner, MetricsExt as _};
+use tower_llm_core::{Call, Failure, FailureClass, LlmRequest, RecordsAttempts};
 use tower_service::Service;
 
 use crate::answer::{Capture, IdempotentAnswer};

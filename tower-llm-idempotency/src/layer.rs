@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tower_layer::Layer;
-use tower_llm_core::{CallOwner, Failure, FailureClass, IdempotencyKey, LlmRequest, Metrics};
+use tower_llm_core::layer::CallOwner;
+use tower_llm_core::{Failure, FailureClass, IdempotencyKey, LlmRequest, Metrics};
 use tower_service::Service;
 
 use crate::answer::{IdempotentAnswer, IdempotentRequest};

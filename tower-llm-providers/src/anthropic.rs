@@ -199,6 +199,8 @@ pub fn encode(req: &ChatRequest) -> Value {
                 ToolChoice::None => json!({"type": "none"}),
                 ToolChoice::Required => json!({"type": "any"}),
                 ToolChoice::Tool(name) => json!({"type": "tool", "name": name}),
+                // A choice this dialect cannot express: the provider's default.
+                _ => json!({"type": "auto"}),
             },
         );
     }
@@ -240,6 +242,8 @@ fn encode_message(m: &Message) -> Value {
                     {"type": "base64", "media_type": media_type, "data": data}}),
                 None => json!({"type": "image", "source": {"type": "url", "url": url}}),
             }),
+            // A part this dialect cannot carry is left out.
+            _ => None,
         })
         .collect();
     for call in &m.tool_calls {

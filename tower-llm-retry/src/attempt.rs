@@ -9,9 +9,10 @@ use std::time::Duration;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower_layer::Layer;
+use tower_llm_core::layer::{AttemptLogExt as _, AttemptRecordExt as _, Bounded};
 use tower_llm_core::{
-    AttemptLog, AttemptOutcome, AttemptRecord, Bounded, BoxError, Call, Classify, Deadline,
-    Failure, FailureClass, LlmRequest, Outcome,
+    AttemptLog, AttemptOutcome, AttemptRecord, BoxError, Call, Classify, Deadline, Failure,
+    FailureClass, LlmRequest, Outcome,
 };
 use tower_service::Service;
 

@@ -4,7 +4,8 @@ use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
-use tower_llm_core::{BoxError, CallOwner, Classify, Failure, LlmRequest, RecordsAttempts, Replay};
+use tower_llm_core::layer::{CallOwner, Replay};
+use tower_llm_core::{BoxError, Classify, Failure, LlmRequest, RecordsAttempts};
 use tower_service::Service;
 
 use crate::{Attempt, AttemptFuture, RetryPolicy};

@@ -107,7 +107,7 @@
 //! call the service again once ready), driven by [`RetryPolicy`] (a
 //! `tower::retry::Policy`, usable in tower's own `Retry`), with one
 //! change: the copy kept for the next attempt is a
-//! [`Replay`](tower_llm_core::Replay), made without the request's
+//! [`Replay`](tower_llm_core::layer::Replay), made without the request's
 //! [`Call`](tower_llm_core::Call), which is put back only if the copy is
 //! sent, so a call that succeeds at once copies nothing but reference
 //! counts (for an `http::Request` whose only extension is the call, no

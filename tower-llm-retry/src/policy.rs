@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use tokio::time::Sleep;
 use tower::retry::Policy;
+use tower_llm_core::layer::{AttemptLogExt as _, CallExt as _, Replay};
 use tower_llm_core::{
     Call, Classify, Failure, FailureClass, FailurePolicy, Link, LlmRequest, NextStep, Outcome,
-    Replay, RetryStop,
+    RetryStop,
 };
 
 use crate::{Backoff, Budget, RandomSource, RetryBudget, SplitMix64};

@@ -1,6 +1,7 @@
 use std::task::{Context, Poll};
 
-use tower_llm_core::{BoxError, Classify, Failure, LlmRequest, Metrics, RecordsAttempts, Replay};
+use tower_llm_core::layer::Replay;
+use tower_llm_core::{BoxError, Classify, Failure, LlmRequest, Metrics, RecordsAttempts};
 use tower_service::Service;
 
 use crate::{Attempt, ResponseFuture, RetryPolicy};

@@ -10,6 +10,7 @@ use http::StatusCode;
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceBuilder, ServiceExt, service_fn};
+use tower_llm_core::layer::AttemptLogExt as _;
 use tower_llm_core::{
     AttemptLog, AttemptOutcome, AttemptRecord, AttemptStatus, Attempts, ChatRequest, ChatResponse,
     Deadline, Failure, FailureClass, Link, Message, NotReplayable, RetryStop, Usage,

@@ -103,7 +103,7 @@ impl Gateway {
     /// The status page, rendered now. `operator`: the page is for someone
     /// who presented the admin token (it then carries the manual-control
     /// buttons).
-    pub fn render_status(&self, operator: bool) -> String {
+    pub(crate) fn render_status(&self, operator: bool) -> String {
         let policy = self.policy();
         let circuits = self.breaker().snapshot();
         let probes = self.probes();

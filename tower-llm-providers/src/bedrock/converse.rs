@@ -82,6 +82,8 @@ pub fn encode(req: &ChatRequest) -> Result<Value, Failure> {
                 ToolChoice::Auto | ToolChoice::None => json!({"auto": {}}),
                 ToolChoice::Required => json!({"any": {}}),
                 ToolChoice::Tool(name) => json!({"tool": {"name": name}}),
+                // A choice this dialect cannot express: the provider's default.
+                _ => json!({"auto": {}}),
             };
             if let Some(c) = config.as_object_mut() {
                 c.insert("toolChoice".into(), choice);
@@ -132,6 +134,8 @@ fn encode_message(m: &Message) -> Result<Value, Failure> {
                     }
                 }
             }
+            // A part this dialect cannot carry is left out.
+            _ => {}
         }
     }
     for call in &m.tool_calls {

@@ -125,6 +125,8 @@ fn encode_body(req: &ChatRequest, max_completion_tokens: bool, stream: bool) -> 
                 ToolChoice::None => json!("none"),
                 ToolChoice::Required => json!("required"),
                 ToolChoice::Tool(name) => json!({"type": "function", "function": {"name": name}}),
+                // A choice this dialect cannot express: the provider's default.
+                _ => json!("auto"),
             },
         );
     }
@@ -154,6 +156,8 @@ fn encode_message(m: &Message) -> Value {
         Role::User => "user",
         Role::Assistant => "assistant",
         Role::Tool => "tool",
+        // A role this dialect does not know speaks as the user.
+        _ => "user",
     };
     let only_text = m
         .content
@@ -164,11 +168,13 @@ fn encode_message(m: &Message) -> Value {
     } else {
         m.content
             .iter()
-            .map(|p| match p {
-                ContentPart::Text { text } => json!({"type": "text", "text": text}),
+            .filter_map(|p| match p {
+                ContentPart::Text { text } => Some(json!({"type": "text", "text": text})),
                 ContentPart::ImageUrl { url } => {
-                    json!({"type": "image_url", "image_url": {"url": url}})
+                    Some(json!({"type": "image_url", "image_url": {"url": url}}))
                 }
+                // A part this dialect cannot carry is left out.
+                _ => None,
             })
             .collect()
     };

@@ -27,12 +27,15 @@ pub struct StreamTimeouts {
     /// (`first_token_timeout_ms`).
     #[serde(
         rename = "first_token_timeout_ms",
-        with = "tower_llm_core::serde_millis"
+        with = "tower_llm_core::layer::serde_millis"
     )]
     pub first_token: Duration,
     /// Between two chunks after the commit point; keep-alive pings do not
     /// count as chunks (`idle_timeout_ms`).
-    #[serde(rename = "idle_timeout_ms", with = "tower_llm_core::serde_millis")]
+    #[serde(
+        rename = "idle_timeout_ms",
+        with = "tower_llm_core::layer::serde_millis"
+    )]
     pub idle: Duration,
 }
 

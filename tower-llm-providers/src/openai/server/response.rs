@@ -13,6 +13,8 @@ pub fn finish_reason(reason: FinishReason) -> &'static str {
         FinishReason::Length => "length",
         FinishReason::ToolCalls => "tool_calls",
         FinishReason::ContentFilter => "content_filter",
+        // A reason the OpenAI wire has no name for ends as `Other` does.
+        _ => "stop",
     }
 }
 

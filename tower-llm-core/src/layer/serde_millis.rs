@@ -1,5 +1,7 @@
 //! `Duration` as whole milliseconds on the wire, for
-//! `#[serde(with = "tower_llm_core::serde_millis")]` on config fields.
+//! `#[serde(with = "tower_llm_core::layer::serde_millis")]` on the fields
+//! of a layer's (or a provider's) serde config, and on this crate's
+//! records and answers (`elapsed`, `latency`).
 
 use std::time::Duration;
 

@@ -29,7 +29,7 @@ pin_project! {
     /// ```
     /// use std::time::Duration;
     /// use tokio::time::Instant;
-    /// use tower_llm_core::Bounded;
+    /// use tower_llm_core::layer::Bounded;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
