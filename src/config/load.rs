@@ -82,7 +82,7 @@ impl Policy {
     ///
     /// As [`from_toml`](Self::from_toml), for either part.
     pub fn from_toml_with<H: HostSettings>(text: &str) -> Result<(Policy, H), ConfigError> {
-        let root = DeTable::parse(text).map_err(|e| ConfigError::new(e.to_string()))?;
+        let root = DeTable::parse(text).map_err(|e| ConfigError::syntax(e.to_string()))?;
         let span = root.span();
         let mut library = root.into_inner();
         let mut host = DeTable::new();
@@ -116,9 +116,14 @@ impl Policy {
         let root: serde_json::Map<String, serde_json::Value> =
             serde_path_to_error::deserialize(&mut de).map_err(|e| {
                 let path = e.path().to_string();
-                ConfigError::new(format!("at {path}: {}", e.into_inner()))
+                let e = e.into_inner();
+                if e.is_syntax() || e.is_eof() {
+                    ConfigError::syntax(e.to_string())
+                } else {
+                    ConfigError::shape(path, e.to_string())
+                }
             })?;
-        de.end().map_err(|e| ConfigError::new(e.to_string()))?;
+        de.end().map_err(|e| ConfigError::syntax(e.to_string()))?;
         let (host, library): (serde_json::Map<_, _>, serde_json::Map<_, _>) = root
             .into_iter()
             .partition(|(k, _)| H::KEYS.contains(&k.as_str()));
@@ -139,7 +144,7 @@ fn toml_part<T: DeserializeOwned>(
         let path = e.path().to_string();
         let mut inner = e.into_inner();
         inner.set_input(Some(text));
-        ConfigError::new(format!("at {path}: {inner}"))
+        ConfigError::shape(path, inner.to_string())
     })
 }
 
@@ -149,6 +154,6 @@ fn json_part<T: DeserializeOwned>(
 ) -> Result<T, ConfigError> {
     serde_path_to_error::deserialize(serde_json::Value::Object(part)).map_err(|e| {
         let path = e.path().to_string();
-        ConfigError::new(format!("at {path}: {}", e.into_inner()))
+        ConfigError::shape(path, e.into_inner().to_string())
     })
 }

@@ -556,21 +556,18 @@ impl Policy {
             .flatten()
             .min()
             .unwrap_or_else(|| self.deadline.total_ms());
-        if p.is_empty() {
-            Ok(ResolvedRoute {
-                chain,
-                retry,
-                retry_failures,
-                fallback_failures,
-                breaker,
-                total_ms,
-                deadline_written,
-                degraded,
-                degraded_admit,
-            })
-        } else {
-            Err(ConfigError { problems: p })
-        }
+        ConfigError::check(p)?;
+        Ok(ResolvedRoute {
+            chain,
+            retry,
+            retry_failures,
+            fallback_failures,
+            breaker,
+            total_ms,
+            deadline_written,
+            degraded,
+            degraded_admit,
+        })
     }
     /// `retry.min_attempt_ms`, or its default: 1,000, or a quarter of the
     /// call's deadline if that is less.

@@ -64,7 +64,12 @@ const GOOD: &str = r#"
 "#;
 
 fn problems(text: &str) -> Vec<String> {
-    Policy::from_toml(text).unwrap_err().problems().to_vec()
+    Policy::from_toml(text)
+        .unwrap_err()
+        .problems()
+        .iter()
+        .map(ToString::to_string)
+        .collect()
 }
 
 #[test]

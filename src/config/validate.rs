@@ -170,7 +170,7 @@ impl Policy {
             let resolved = match self.resolve(route) {
                 Ok(r) => r,
                 Err(e) => {
-                    p.extend(e.problems);
+                    p.extend(e.problems().iter().map(ToString::to_string));
                     continue;
                 }
             };
@@ -257,11 +257,7 @@ impl Policy {
                 }
             }
         }
-        if p.is_empty() {
-            Ok(())
-        } else {
-            Err(ConfigError { problems: p })
-        }
+        ConfigError::check(p)
     }
 }
 

@@ -77,16 +77,10 @@ impl GatewayConfig {
     ///
     /// Every problem found.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let mut p = match self.policy.validate() {
-            Ok(()) => Vec::new(),
-            Err(e) => e.problems().to_vec(),
-        };
         let s = &self.settings;
+        let mut p = Vec::new();
         if s.health.probe_timeout_ms == 0 {
             p.push("health.probe_timeout_ms must be above 0".to_owned());
-        }
-        if let Err(e) = s.server.validate() {
-            p.extend(e.problems().iter().cloned());
         }
         if let Some(shared) = &s.breaker_shared {
             shared.check("breaker_shared", &mut p);
@@ -97,7 +91,11 @@ impl GatewayConfig {
             }
             shared.check("idempotency_shared", &mut p);
         }
-        ConfigError::check(p)
+        ConfigError::all([
+            self.policy.validate(),
+            s.server.validate(),
+            ConfigError::check(p),
+        ])
     }
 }
 
