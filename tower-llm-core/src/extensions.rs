@@ -91,20 +91,8 @@ impl<B> RecordsAttempts for http::Response<B> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
-    use crate::{AttemptOutcome, FailureClass};
-
-    fn rec(n: u8) -> AttemptRecord {
-        AttemptRecord::new(
-            &Link::new("bedrock", "m").with_position(2),
-            n,
-            AttemptOutcome::Failed(FailureClass::Transient),
-            Duration::from_millis(8),
-        )
-        .with_http_status(Some(503))
-    }
+    use crate::record::test_record as rec;
 
     #[test]
     fn http_response_carries_attempts() {

@@ -282,19 +282,23 @@ impl AttemptRecord {
     }
 }
 
+/// A failed attempt record (number `n`) for tests.
+#[cfg(test)]
+pub(crate) fn test_record(n: u8) -> AttemptRecord {
+    AttemptRecord::new(
+        &Link::new("bedrock", "m").with_position(2),
+        n,
+        AttemptOutcome::Failed(FailureClass::Transient),
+        Duration::from_millis(8),
+    )
+    .with_http_status(Some(503))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn rec(n: u8) -> AttemptRecord {
-        AttemptRecord::new(
-            &Link::new("bedrock", "m").with_position(2),
-            n,
-            AttemptOutcome::Failed(FailureClass::Transient),
-            Duration::from_millis(8),
-        )
-        .with_http_status(Some(503))
-    }
+    use test_record as rec;
 
     #[test]
     fn record_serializes_with_millis() {

@@ -345,16 +345,7 @@ impl AttemptRecordExt for AttemptRecord {
 mod tests {
     use super::*;
     use crate::Attempts;
-
-    fn rec(n: u8) -> AttemptRecord {
-        AttemptRecord::new(
-            &Link::new("bedrock", "m").with_position(2),
-            n,
-            AttemptOutcome::Failed(FailureClass::Transient),
-            Duration::from_millis(8),
-        )
-        .with_http_status(Some(503))
-    }
+    use crate::record::test_record as rec;
 
     #[test]
     fn complete_fills_the_record_and_names_the_link_in_an_unnamed_error() {
