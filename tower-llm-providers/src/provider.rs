@@ -184,9 +184,18 @@ where
     Ok((http::Response::from_parts(parts, body), latency))
 }
 
-impl<D, T> private::Sealed for Provider<D, T> {}
-
 impl<D, T, B> StreamSource for Provider<D, T>
+where
+    D: Dialect,
+    T: Service<http::Request<RequestBody>, Response = http::Response<B>> + Clone + Send + 'static,
+    T::Future: Send + 'static,
+    T::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+}
+
+impl<D, T, B> private::Sealed for Provider<D, T>
 where
     D: Dialect,
     T: Service<http::Request<RequestBody>, Response = http::Response<B>> + Clone + Send + 'static,

@@ -103,18 +103,26 @@ impl<P: StreamSource> Service<ChatRequest> for Streaming<P> {
 }
 
 pub(crate) mod private {
-    /// Seals [`StreamSource`](super::StreamSource).
-    pub trait Sealed {}
+    use std::task::{Context, Poll};
+
+    use tower_llm_core::{ChatRequest, Failure};
+
+    use super::{StreamFuture, StreamTimeouts};
+
+    /// Seals [`StreamSource`](super::StreamSource), and is how
+    /// [`Streaming`](super::Streaming) drives its provider: a protocol
+    /// inside this crate, not nameable outside it.
+    pub trait Sealed {
+        /// The transport's readiness.
+        fn poll_ready_stream(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failure>>;
+
+        /// Opens a stream and peeks to its commit point.
+        fn open_stream(&mut self, req: ChatRequest, timeouts: StreamTimeouts) -> StreamFuture;
+    }
 }
 
 /// A provider service of this crate that can stream (sealed: every
 /// [`Provider`](crate::Provider), whatever its [`Dialect`](crate::Dialect)).
-pub trait StreamSource: private::Sealed {
-    /// The transport's readiness.
-    #[doc(hidden)]
-    fn poll_ready_stream(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Failure>>;
-
-    /// Opens a stream and peeks to its commit point.
-    #[doc(hidden)]
-    fn open_stream(&mut self, req: ChatRequest, timeouts: StreamTimeouts) -> StreamFuture;
-}
+/// [`Streaming`] over it is a `Service<ChatRequest>` answering a
+/// [`ChatStream`].
+pub trait StreamSource: private::Sealed {}
