@@ -33,14 +33,23 @@ impl fmt::Debug for AdminToken {
 impl AdminToken {
     /// `true` when `offered` is the token, compared in time that does not
     /// depend on where they differ.
-    pub(crate) fn matches(&self, offered: &str) -> bool {
-        let (a, b) = (self.0.as_bytes(), offered.as_bytes());
+    pub(crate) fn matches(&self, offered: &[u8]) -> bool {
+        let (a, b) = (self.0.as_bytes(), offered);
         let mut diff = u8::from(a.len() != b.len());
         for (i, x) in a.iter().enumerate() {
             diff |= x ^ b.get(i).copied().unwrap_or(0);
         }
         diff == 0
     }
+}
+
+/// The bearer token a request offers in `Authorization`, as bytes (a
+/// value that is not ASCII is compared as it is, never read as absent).
+pub(crate) fn bearer(headers: &http::HeaderMap) -> Option<&[u8]> {
+    headers
+        .get(http::header::AUTHORIZATION)?
+        .as_bytes()
+        .strip_prefix(b"Bearer ")
 }
 
 impl Gateway {
@@ -107,11 +116,7 @@ pub(crate) async fn control(
             "manual circuit control is off: no admin token is configured",
         );
     };
-    let offered = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if !offered.is_some_and(|t| token.matches(t)) {
+    if !bearer(&headers).is_some_and(|t| token.matches(t)) {
         return refuse(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
     }
     let control: Control = match serde_json::from_slice(&body) {

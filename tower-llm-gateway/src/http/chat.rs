@@ -30,6 +30,8 @@ fn inbound_context(headers: &HeaderMap) -> Option<opentelemetry::Context> {
     struct Extract<'a>(&'a HeaderMap);
     impl opentelemetry::propagation::Extractor for Extract<'_> {
         fn get(&self, key: &str) -> Option<&str> {
+            // W3C trace context is ASCII by its spec; anything else is no
+            // context (it scopes no state).
             self.0.get(key).and_then(|v| v.to_str().ok())
         }
         fn keys(&self) -> Vec<&str> {

@@ -265,10 +265,7 @@ fn js_string(s: &str) -> String {
 
 /// `GET /status`.
 pub(crate) async fn page(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    let presented = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+    let presented = crate::admin::bearer(&headers);
     let operator = match (gw.admin_token.load_full(), presented) {
         (Some(token), Some(offered)) => token.matches(offered),
         _ => false,
@@ -276,10 +273,12 @@ pub(crate) async fn page(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> 
     let mut html = gw.render_status(operator);
     if operator {
         if let Some(offered) = presented {
-            // For the buttons' script: `data-auth` on the body.
+            // For the buttons' script: `data-auth` on the body. It matched
+            // the token (a `String`), so it is UTF-8.
+            let offered = String::from_utf8_lossy(offered);
             html = html.replacen(
                 "<body>",
-                &format!("<body data-auth=\"Bearer {}\">", escape(offered)),
+                &format!("<body data-auth=\"Bearer {}\">", escape(&offered)),
                 1,
             );
         }

@@ -150,6 +150,40 @@ async fn the_control_buttons_need_the_token_configured_and_presented() {
 
 /// The rendering cost, reported (not asserted: a figure, not a test),
 /// through the router (the renderer is private to the crate).
+/// `POST /health/circuits` with a raw `Authorization` value.
+async fn control_with(gateway: &Arc<Gateway>, authorization: &[u8]) -> u16 {
+    let req = http::Request::post("/health/circuits")
+        .header("content-type", "application/json")
+        .header(
+            "authorization",
+            http::HeaderValue::from_bytes(authorization).expect("a header value"),
+        )
+        .body(axum::body::Body::from(
+            r#"{"action": "reset", "provider": "primary", "model": "gpt-4o-mini"}"#,
+        ))
+        .expect("request");
+    let res = gateway
+        .clone()
+        .router()
+        .oneshot(req)
+        .await
+        .expect("an answer");
+    res.status().as_u16()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_admin_token_that_is_not_ascii_is_compared_as_bytes() {
+    let h = start(Reply::openai_text("hi"), Reply::anthropic_text("b"), "").await;
+    h.gateway.set_admin_token(Some("clé-s3cret".into()));
+    assert_eq!(
+        control_with(&h.gateway, "Bearer clé-s3cret".as_bytes()).await,
+        200
+    );
+    // The same word in Latin-1 is other bytes.
+    assert_eq!(control_with(&h.gateway, b"Bearer cl\xe9-s3cret").await, 401);
+    assert_eq!(control_with(&h.gateway, b"Bearer s3cret").await, 401);
+}
+
 #[tokio::test(start_paused = true)]
 async fn rendering_cost_is_reported() {
     let h = outage().await;
