@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+use tokio::io::AsyncBufReadExt;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -80,20 +80,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 async fn main() -> Result<(), Error> {
     let args = args()?;
     // An upstream that accepts, reads, and never answers.
-    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let upstream_addr = upstream.local_addr()?;
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = upstream.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0_u8; 4096];
-                while let Ok(n) = sock.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                }
-            });
-        }
-    });
+    let upstream_addr = tower_llm_test_support::silent_upstream().await;
     let config =
         std::env::temp_dir().join(format!("deadline-lateness-{}.toml", std::process::id()));
     std::fs::write(

@@ -166,3 +166,32 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A loopback upstream that accepts every connection, reads what it is
+/// sent and never answers (a wedged provider), on a task of the current
+/// runtime; its address.
+///
+/// # Panics
+///
+/// When no loopback port can be bound.
+pub async fn silent_upstream() -> std::net::SocketAddr {
+    use tokio::io::AsyncReadExt;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("its address");
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0_u8; 4096];
+                while let Ok(n) = sock.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}

@@ -14,37 +14,16 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+use tokio::io::AsyncBufReadExt;
 
 use crate::support::one_link_policy;
 
 const CALLS: usize = 1000;
 const DEADLINE: Duration = Duration::from_secs(2);
 
-/// An upstream that accepts, reads, and never answers.
-async fn silent_upstream() -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0_u8; 4096];
-                while let Ok(n) = sock.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_hanging_calls_end_at_their_deadline_with_stderr_unread() {
-    let upstream = silent_upstream().await;
+    let upstream = tower_llm_test_support::silent_upstream().await;
     let deadline = DEADLINE.as_millis();
     let tables = format!(
         "[deadline]\ntotal_ms = {deadline}\n[retry]\nmax_attempts = 1\nattempt_timeout_ms = {deadline}"
