@@ -5,7 +5,7 @@
 //! accept queue.
 //!
 //! ```text
-//! cargo build --release -p tower-llm-gateway --example deadline_lateness
+//! cargo build --release -p tower-llm-gateway --bins --example deadline_lateness
 //! target/release/examples/deadline_lateness [--binary target/release/tower-llm-gateway]
 //!     [--calls 1000] [--deadline-ms 2000] [--workers N] [--rounds 1]
 //! ```
