@@ -26,10 +26,12 @@ use std::time::Duration;
 
 use http::{Extensions, HeaderMap};
 
-use crate::{AttemptLog, Deadline, KeepAttempts, Link, NotReplayable};
+use crate::{AttemptLog, Budget, Deadline, KeepAttempts, Link, NotReplayable, Tenant};
 
 /// Everything one logical call carries between the layers: the deadline,
-/// the link being tried, the attempt number and the shared attempt log.
+/// the link being tried, the attempt number, the shared attempt log, and
+/// (when set) the idempotency key, the cost [`Budget`](crate::Budget) and
+/// the [`Tenant`](crate::Tenant).
 /// Cloning it clones reference counts only.
 ///
 /// Every request type reaches it through one trait, [`LlmRequest`]:
@@ -71,6 +73,10 @@ pub struct Call {
     pub(crate) hedge: bool,
     /// The caller's idempotency key, if any.
     pub(crate) idempotency: Option<IdempotencyKey>,
+    /// What the call may spend, if it is held to a budget.
+    pub(crate) budget: Option<Budget>,
+    /// Who the call is for, as far as quotas go.
+    pub(crate) tenant: Option<Tenant>,
 }
 
 /// The idempotency key of a call (the `Idempotency-Key` header's value, or
@@ -364,6 +370,40 @@ impl Link {
     /// before).
     pub fn store<R: LlmRequest + ?Sized>(self, req: &mut R) {
         req.call_mut().link = Some(self);
+    }
+}
+
+impl Budget {
+    /// The budget of the call `req` carries, if any.
+    pub fn of<R: LlmRequest + ?Sized>(req: &R) -> Option<&Budget> {
+        req.call().and_then(|c| c.budget.as_ref())
+    }
+
+    /// Stores this budget in the call `req` carries, unless the call has
+    /// one with a lower (or the same) limit: the lower limit stays in
+    /// force (a caller may lower a route's budget, never raise it).
+    /// Returns the budget in force.
+    pub fn store<R: LlmRequest + ?Sized>(self, req: &mut R) -> Budget {
+        let call = req.call_mut();
+        match &call.budget {
+            Some(existing) if existing.limit() <= self.limit() => existing.clone(),
+            _ => {
+                call.budget = Some(self.clone());
+                self
+            }
+        }
+    }
+}
+
+impl Tenant {
+    /// The tenant of the call `req` carries, if any.
+    pub fn of<R: LlmRequest + ?Sized>(req: &R) -> Option<&Tenant> {
+        req.call().and_then(|c| c.tenant.as_ref())
+    }
+
+    /// Stores this tenant in the call `req` carries.
+    pub fn store<R: LlmRequest + ?Sized>(self, req: &mut R) {
+        req.call_mut().tenant = Some(self);
     }
 }
 

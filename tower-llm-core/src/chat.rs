@@ -281,6 +281,20 @@ impl Usage {
     }
 }
 
+impl crate::Price {
+    /// What `usage` costs at this price, rounded up to the next
+    /// nano-dollar. Cached input tokens (at most the input tokens) are
+    /// charged the cached price.
+    pub fn cost(&self, usage: &Usage) -> crate::Cost {
+        let cached = usage.cached_input_tokens.min(usage.prompt_tokens);
+        self.tokens(
+            u64::from(usage.prompt_tokens - cached),
+            u64::from(cached),
+            u64::from(usage.completion_tokens),
+        )
+    }
+}
+
 /// One answer of the model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Choice {

@@ -56,11 +56,19 @@ pub enum FailureClass {
     Cancelled,
     /// The call's deadline passed before it finished.
     DeadlineExceeded,
+    /// What is left of the call's cost [`Budget`](crate::Budget) cannot
+    /// cover this attempt's worst case: it was never sent. Another
+    /// (cheaper) link may still fit.
+    CostBudgetExhausted,
+    /// The tenant's quota (spend or tokens over a window) cannot cover
+    /// this attempt's worst case: it was never sent. `retry_after` is the
+    /// time until the window ends. Another (cheaper) link may still fit.
+    TenantQuotaExhausted,
 }
 
 impl FailureClass {
     /// Every class, in declaration order.
-    pub const ALL: [FailureClass; 14] = [
+    pub const ALL: [FailureClass; 16] = [
         FailureClass::Transient,
         FailureClass::RateLimited,
         FailureClass::QuotaExhausted,
@@ -75,6 +83,8 @@ impl FailureClass {
         FailureClass::InvalidResponse,
         FailureClass::Cancelled,
         FailureClass::DeadlineExceeded,
+        FailureClass::CostBudgetExhausted,
+        FailureClass::TenantQuotaExhausted,
     ];
 
     /// A stable, lower-case label for metrics and logs.
@@ -97,6 +107,8 @@ impl FailureClass {
             FailureClass::InvalidResponse => "invalid_response",
             FailureClass::Cancelled => "cancelled",
             FailureClass::DeadlineExceeded => "deadline_exceeded",
+            FailureClass::CostBudgetExhausted => "cost_budget_exhausted",
+            FailureClass::TenantQuotaExhausted => "tenant_quota_exhausted",
         }
     }
 
@@ -108,6 +120,7 @@ impl FailureClass {
     /// | quota exhausted | no | yes | yes |
     /// | invalid response | no | yes | yes |
     /// | circuit open | no | no | yes |
+    /// | cost budget exhausted, tenant quota exhausted | no | no | yes |
     /// | bad request, context window, auth, not found, conflict (409), content filtered | no | no | no |
     /// | cancelled, deadline exceeded | no | no | no |
     ///
@@ -128,7 +141,9 @@ impl FailureClass {
                 d(true, true, true)
             }
             FailureClass::QuotaExhausted | FailureClass::InvalidResponse => d(false, true, true),
-            FailureClass::CircuitOpen => d(false, false, true),
+            FailureClass::CircuitOpen
+            | FailureClass::CostBudgetExhausted
+            | FailureClass::TenantQuotaExhausted => d(false, false, true),
             FailureClass::BadRequest
             | FailureClass::ContextWindowExceeded
             | FailureClass::Auth
@@ -177,6 +192,8 @@ impl std::fmt::Display for FailureClass {
             FailureClass::InvalidResponse => "invalid provider response",
             FailureClass::Cancelled => "cancelled",
             FailureClass::DeadlineExceeded => "deadline exceeded",
+            FailureClass::CostBudgetExhausted => "the call's cost budget is exhausted",
+            FailureClass::TenantQuotaExhausted => "the tenant's quota is exhausted",
         };
         f.write_str(text)
     }
@@ -361,7 +378,9 @@ mod tests {
                 QuotaExhausted,
                 Timeout,
                 CircuitOpen,
-                InvalidResponse
+                InvalidResponse,
+                CostBudgetExhausted,
+                TenantQuotaExhausted
             ]
         );
     }

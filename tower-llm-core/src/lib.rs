@@ -12,6 +12,8 @@
 //!   attempt number, attempt log), reached through [`LlmRequest`] on any
 //!   request type; read it here.
 //! - [`Deadline`]: the call's absolute deadline.
+//! - [`Cost`] and [`Price`]: what calls cost; [`Budget`] and [`Tenant`]:
+//!   what one call may spend and who it is for, in the carrier.
 //! - [`AttemptLog`]: one [`AttemptRecord`] per attempt, at most
 //!   [`MAX_ATTEMPTS_PER_CALL`], returned with the response and the error.
 //! - [`ChatRequest`], [`ChatResponse`] (and its [builder](ChatResponse::builder)),
@@ -54,6 +56,7 @@ mod call;
 mod chat;
 mod class;
 mod classify;
+mod cost;
 mod deadline;
 mod embed;
 mod error;
@@ -76,6 +79,7 @@ pub use classify::{
     ChatClassifier, Classify, HttpClassifier, Outcome, X_SHOULD_RETRY, classify_status,
     should_retry,
 };
+pub use cost::{Budget, BudgetHold, Cost, InvalidCost, InvalidPrice, Price, Tenant};
 pub use deadline::Deadline;
 pub use embed::{EmbeddingRequest, EmbeddingResponse};
 pub use error::{BoxError, Failure};

@@ -199,6 +199,16 @@ pub struct AttemptRecord {
     /// attempt of the same call was still running.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub hedge: bool,
+    /// What the attempt cost, when a cost layer priced it: its usage at
+    /// the link's price, or what the provider bills for a failed attempt
+    /// (see the cost layer's docs). `None` when nothing priced it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::Cost>,
+    /// The cost is the attempt's estimate, not its usage: the answer had
+    /// no usage, or usage that cannot be right (more than was reserved,
+    /// less than was streamed).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cost_estimated: bool,
 }
 
 impl AttemptRecord {
@@ -215,6 +225,8 @@ impl AttemptRecord {
             http_status: None,
             retry_stop: None,
             hedge: false,
+            cost: None,
+            cost_estimated: false,
         }
     }
 

@@ -18,6 +18,7 @@
 //! | `ai_router_attempts_per_call` | histogram, one per logical call | `final_outcome` (as `outcome`) |
 //! | `ai_router_hedges_total` | counter, one per hedge decision | `outcome` ∈ `won`, `lost`, `skipped_budget` |
 //! | `ai_router_idempotent_replays_total` | counter, one per answer replayed from an idempotency store | none |
+//! | `ai_router_cost_total` | counter of dollars (a float), added as each priced attempt settles | `provider`, `model` |
 //!
 //! They are recorded by the layer that owns the call's [`AttemptLog`] (the
 //! outermost tower-llm layer), once, when the call ends (the hedge and
@@ -144,6 +145,7 @@ struct Instruments {
     latency: Histogram<f64>,
     deadline_exceeded: Counter<u64>,
     attempts_per_call: Histogram<u64>,
+    cost: Counter<f64>,
 }
 
 /// The per-call router metrics (see the [module docs](self)); cheap to
@@ -207,6 +209,10 @@ impl Metrics {
                 .with_description("Attempts made by each logical call")
                 .with_boundaries(vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0])
                 .build(),
+            cost: meter
+                .f64_counter("ai_router_cost")
+                .with_description("What priced attempts cost, in dollars of the price table")
+                .build(),
         };
         Metrics {
             inner: Some(Arc::new(instruments)),
@@ -228,6 +234,19 @@ impl Metrics {
     /// `false` for [`Metrics::disabled`].
     pub fn is_enabled(&self) -> bool {
         self.inner.is_some()
+    }
+
+    /// Adds what one attempt of `provider`'s `model` cost.
+    pub(crate) fn count_cost(&self, provider: &crate::Link, cost: crate::Cost) {
+        if let Some(m) = self.inner.as_deref() {
+            m.cost.add(
+                cost.dollars(),
+                &[
+                    KeyValue::new("provider", provider.provider_arc().clone()),
+                    KeyValue::new("model", provider.model_arc().clone()),
+                ],
+            );
+        }
     }
 
     /// Counts one answer replayed by an idempotency layer.

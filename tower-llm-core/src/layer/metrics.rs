@@ -21,6 +21,9 @@ pub trait MetricsExt: Sealed {
     /// Counts one answer replayed by an idempotency layer
     /// (`ai_router_idempotent_replays_total`).
     fn record_idempotent_replay(&self);
+
+    /// Adds what one attempt on `link` cost (`ai_router_cost_total`).
+    fn record_cost(&self, link: &crate::Link, cost: crate::Cost);
 }
 
 impl MetricsExt for Metrics {
@@ -34,6 +37,10 @@ impl MetricsExt for Metrics {
 
     fn record_idempotent_replay(&self) {
         self.count_idempotent_replay();
+    }
+
+    fn record_cost(&self, link: &crate::Link, cost: crate::Cost) {
+        self.count_cost(link, cost);
     }
 }
 

@@ -1,0 +1,1 @@
+//! A Redis-backed quota store (lands next).
