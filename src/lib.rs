@@ -144,6 +144,15 @@ pub mod hedge {
     };
 }
 
+/// Cost budgets and tenant quotas ([`tower_llm_cost`]).
+pub mod cost {
+    pub use tower_llm_cost::{
+        Ask, BudgetLayer, CallBudget, CostAnswer, CostFuture, CostLayer, CostRequest, CostService,
+        Exhausted, IMAGE_TOKENS, InvalidQuota, Limits, MESSAGE_OVERHEAD_TOKENS, MemoryQuota,
+        Meter, QuotaConfig, QuotaHold, QuotaRefusal, QuotaStore, REQUEST_OVERHEAD_TOKENS, Reserve,
+    };
+}
+
 /// The idempotency layer ([`tower_llm_idempotency`]).
 pub mod idempotency {
     pub use tower_llm_idempotency::{

@@ -7,11 +7,14 @@ use std::time::Duration;
 
 use tower::ServiceBuilder;
 use tower::ServiceExt as _;
+use tower::Layer as _;
 use tower::util::BoxCloneSyncService;
 use tower_llm_breaker::BreakerLayer;
 use tower_llm_core::{
     ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, Link, Metrics, RecordsAttempts,
+    Tenant,
 };
+use tower_llm_cost::{BudgetLayer, CostAnswer, CostLayer, MemoryQuota, QuotaStore};
 use tower_llm_deadline::DeadlineLayer;
 use tower_llm_fallback::{FallbackLayer, LinkSpec};
 use tower_llm_hedge::{HedgeConfig, HedgeLayer};
@@ -192,7 +195,10 @@ impl Policy {
     /// link's own timeouts).
     ///
     /// Works for unary (`Res = ChatResponse`) and streaming
-    /// (`Res = ChatStream`) provider services alike.
+    /// (`Res = ChatStream`) provider services alike. With `[quotas]`, the
+    /// route counts them in a [`MemoryQuota`] of its own: to share one
+    /// among routes (or replicas), use
+    /// [`build_route_with`](Self::build_route_with).
     ///
     /// # Errors
     ///
@@ -206,21 +212,36 @@ impl Policy {
         provider: impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
     ) -> Result<RouteService<Res>, ConfigError>
     where
-        Res: RouteAnswer + IdempotentAnswer,
+        Res: RouteAnswer + IdempotentAnswer + CostAnswer,
     {
         let hedges = HedgeBudgets::new();
-        self.build_route_with(route, breaker, metrics, None, &hedges, provider)
+        let quota = self.memory_quota();
+        let with = BuildContext {
+            breaker,
+            metrics: &metrics,
+            idempotency: None,
+            hedges: &hedges,
+            quota: quota.as_ref(),
+        };
+        self.build_route_with(route, with, provider)
     }
-    /// As [`build_route`](Self::build_route), with `idempotency` (if any)
-    /// just inside the deadline and outside the fallback: deadline →
-    /// **idempotency** → fallback → per link hedge → retry → breaker →
-    /// provider. Pass the same layer (or a clone) on every reload so that
-    /// stored answers survive it. [`Policy::idempotency_layer`] makes one.
+    /// As [`build_route`](Self::build_route), with what the route shares
+    /// with others in `with` ([`BuildContext`]): its breaker layer, its
+    /// metrics, an idempotency layer (if any) just inside the deadline and
+    /// outside the fallback, the links' hedge budgets and the tenant quota
+    /// store:
     ///
-    /// The links' hedges take their budgets from `hedges`: pass the same
-    /// one to every build of the route (its unary and its streaming stack)
-    /// so a link has one hedge budget, and
-    /// [`HedgeBudgets::for_reload`] of it on a reload.
+    /// deadline → idempotency → budget (`max_total_cost`) → fallback →
+    /// per link hedge → retry → **cost** (priced links) → breaker →
+    /// provider.
+    ///
+    /// Pass the same idempotency layer (or a clone) on every reload so that
+    /// stored answers survive it; [`Policy::idempotency_layer`] makes one.
+    /// The links' hedges take their budgets from `with.hedges`: pass the
+    /// same one to every build of the route (its unary and its streaming
+    /// stack) so a link has one hedge budget, and
+    /// [`HedgeBudgets::for_reload`] of it on a reload. Pass one quota
+    /// store to every route, so a tenant has one quota.
     ///
     /// # Errors
     ///
@@ -228,15 +249,19 @@ impl Policy {
     pub fn build_route_with<Res>(
         &self,
         route: &RouteConfig,
-        breaker: &BreakerLayer,
-        metrics: Metrics,
-        idempotency: Option<&IdempotencyLayer<TenantHeader>>,
-        hedges: &HedgeBudgets,
+        with: BuildContext<'_>,
         mut provider: impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
     ) -> Result<RouteService<Res>, ConfigError>
     where
-        Res: RouteAnswer + IdempotentAnswer,
+        Res: RouteAnswer + IdempotentAnswer + CostAnswer,
     {
+        let BuildContext {
+            breaker,
+            metrics,
+            idempotency,
+            hedges,
+            quota,
+        } = with;
         let r = self.resolve(route)?;
         let min_attempt = r
             .retry
@@ -285,11 +310,28 @@ impl Policy {
             if let Some(ms) = link.attempt_timeout_ms {
                 link_retry = link_retry.with_attempt_timeout(Duration::from_millis(ms));
             }
+            let inner = provider(config, link);
+            let Some(price) = self.price(&link.provider, &link.model) else {
+                return Ok(BoxCloneSyncService::new(
+                    ServiceBuilder::new()
+                        .llm_retry(link_retry)
+                        .llm_breaker(breaker.clone())
+                        .service(inner),
+                ));
+            };
+            let mut cost = CostLayer::new(price).with_metrics(metrics.clone());
+            if let Some(cap) = route.max_output_tokens {
+                cost = cost.with_max_output_tokens(cap);
+            }
+            if let Some(store) = quota {
+                cost = cost.with_quota(store.clone());
+            }
             Ok(BoxCloneSyncService::new(
                 ServiceBuilder::new()
                     .llm_retry(link_retry)
+                    .layer(cost)
                     .llm_breaker(breaker.clone())
-                    .service(provider(config, link)),
+                    .service(inner),
             ))
         };
         for (i, link) in r.chain.iter().enumerate() {
@@ -399,22 +441,31 @@ impl Policy {
         let fallback = chain
             .build()
             .map_err(|e| ConfigError::new(format!("route \"{}\": {e}", route.model)))?;
-        let deadline = DeadlineLayer::new(Duration::from_millis(r.total_ms)).with_metrics(metrics);
-        let svc = match idempotency {
-            None => BoxCloneSyncService::new(
+        let deadline =
+            DeadlineLayer::new(Duration::from_millis(r.total_ms)).with_metrics(metrics.clone());
+        let chain: RouteService<Res> = match r.max_total_cost {
+            None => BoxCloneSyncService::new(fallback.layer(primary)),
+            Some(limit) => BoxCloneSyncService::new(
                 ServiceBuilder::new()
-                    .layer(deadline)
-                    .llm_fallback(fallback)
-                    .service(primary),
-            ),
-            Some(idempotency) => BoxCloneSyncService::new(
-                ServiceBuilder::new()
-                    .layer(deadline)
-                    .layer(idempotency.clone())
+                    .layer(BudgetLayer::new(limit))
                     .llm_fallback(fallback)
                     .service(primary),
             ),
         };
+        let tenants = quota.is_some();
+        let svc = BoxCloneSyncService::new(
+            ServiceBuilder::new()
+                .layer(deadline)
+                .option_layer(idempotency.cloned())
+                .map_request(move |mut req: ChatRequest| {
+                    if tenants {
+                        let id = tenant_header(&req).unwrap_or_default();
+                        Tenant::new(id).store(&mut req);
+                    }
+                    req
+                })
+                .service(chain),
+        );
         Ok(match r.degraded_admit {
             None => svc,
             Some(rule) => degraded_only_for(svc, rule),
@@ -442,9 +493,38 @@ impl Policy {
     }
 }
 
-/// The inbound header whose value scopes idempotency keys: two tenants
-/// with the same key never share an answer (a request without it is in
-/// the unscoped space).
+/// What a route's stack shares with others, for
+/// [`Policy::build_route_with`].
+#[derive(Debug, Clone, Copy)]
+pub struct BuildContext<'a> {
+    /// The breaker layer (pass the same one, or one sharing its store, so
+    /// circuits survive a reload).
+    pub breaker: &'a BreakerLayer,
+    /// Where the per-call and per-attempt metrics go.
+    pub metrics: &'a Metrics,
+    /// The idempotency layer, if any ([`Policy::idempotency_layer`]).
+    pub idempotency: Option<&'a IdempotencyLayer<TenantHeader>>,
+    /// The links' hedge budgets.
+    pub hedges: &'a HedgeBudgets,
+    /// Where tenant quotas are counted, when `[quotas]` is set (every
+    /// route the same store; [`Policy::memory_quota`] makes one for one
+    /// process).
+    pub quota: Option<&'a Arc<dyn QuotaStore>>,
+}
+
+impl Policy {
+    /// A [`MemoryQuota`] of `[quotas]` (none without it): quotas counted
+    /// in this process.
+    pub fn memory_quota(&self) -> Option<Arc<dyn QuotaStore>> {
+        let config = self.quotas.clone()?;
+        Some(Arc::new(MemoryQuota::new(config)))
+    }
+}
+
+/// The inbound header whose value scopes idempotency keys (two tenants
+/// with the same key never share an answer; a request without it is in
+/// the unscoped space) and names the tenant whose `[quotas]` a call
+/// spends (none: the empty id).
 pub const TENANT_HEADER: &str = "x-tenant-id";
 
 /// The idempotency tenant of a request: the raw bytes of its inbound

@@ -62,6 +62,8 @@
 
 use serde::{Deserialize, Serialize};
 use tower_llm_breaker::BreakerConfig;
+use tower_llm_core::Price;
+use tower_llm_cost::QuotaConfig;
 use tower_llm_deadline::DeadlineConfig;
 use tower_llm_idempotency::IdempotencyConfig;
 use tower_llm_providers::StreamTimeouts;
@@ -78,7 +80,7 @@ mod route;
 mod tests;
 mod validate;
 
-pub use build::{HedgeBudgets, RouteAnswer, TENANT_HEADER, TenantHeader};
+pub use build::{BuildContext, HedgeBudgets, RouteAnswer, TENANT_HEADER, TenantHeader};
 pub use error::ConfigError;
 pub use keys::{KeyPart, PolicyKey};
 pub use load::HostSettings;
@@ -145,6 +147,21 @@ pub struct Policy {
     /// absent (the default), no idempotency layer is built.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency: Option<IdempotencyConfig>,
+    /// `[prices.PROVIDER."MODEL"]`: what a provider's model costs, in
+    /// dollars per million tokens (a [`Price`]: `input`, `output`,
+    /// `cached_input`). A priced link reports each attempt's cost (on its
+    /// attempt record, `x-llm-cost`, `ai_router_cost_total`); a route held
+    /// to `max_total_cost` or `[quotas]` must have every link priced.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub prices: std::collections::BTreeMap<String, std::collections::BTreeMap<String, Price>>,
+    /// `[quotas]`: every tenant's spend and token limits over a window
+    /// (the cost layer's own [`QuotaConfig`]: `window_secs`, `max_cost`,
+    /// `max_tokens`, `[quotas.tenants.NAME]`, `shadow`, `hold_secs`). The
+    /// tenant is the raw bytes of the `x-tenant-id` header (none: the
+    /// empty id). Present, every route is held to it, so every link must
+    /// be priced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quotas: Option<QuotaConfig>,
 }
 
 impl Policy {
@@ -155,5 +172,9 @@ impl Policy {
     /// The provider named `name`.
     pub fn provider(&self, name: &str) -> Option<&ProviderConfig> {
         self.providers.iter().find(|p| p.name == name)
+    }
+    /// The price of `provider`'s `model`, if `[prices]` has one.
+    pub fn price(&self, provider: &str, model: &str) -> Option<Price> {
+        self.prices.get(provider)?.get(model).copied()
     }
 }

@@ -7,7 +7,7 @@
 //! a field or value without one is refused naming it, never ignored.
 
 use serde::{Deserialize, Serialize};
-use tower_llm_core::{Disposition, FailureClass, FailurePolicy};
+use tower_llm_core::{Cost, Disposition, FailureClass, FailurePolicy};
 
 /// A failure class as seed 004 names it (`"TIMEOUT"`, `"UNAVAILABLE"`,
 /// ...), for `retryable` and `trigger` lists.
@@ -195,9 +195,10 @@ pub struct FallbackPolicyDoc {
     /// operation's `deadline_ms`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_total_latency_ms: Option<u64>,
-    /// `max_total_cost`: only seed 004's placeholder `"..."` (no limit) is
-    /// accepted: tower-llm does not price calls, so a real limit is
-    /// refused rather than silently not enforced.
+    /// `max_total_cost`: the most one call may spend, in dollars, every
+    /// step included (a number, or a string holding one; seed 004's
+    /// placeholder `"..."` means no limit). The route's own
+    /// `max_total_cost`, if lower, stays; every link must be priced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_total_cost: Option<CostLimit>,
     /// `never_bypass`: what no step may get around, each one a guarantee of
@@ -210,14 +211,36 @@ pub struct FallbackPolicyDoc {
     pub never_bypass: Option<Vec<NeverBypass>>,
 }
 
-/// `max_total_cost`: text or a number (only `"..."` is accepted).
+/// `max_total_cost`: a number of dollars, or text: a number, or seed
+/// 004's placeholder `"..."` (no limit).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum CostLimit {
-    /// A number: refused.
+    /// A number of dollars.
     Amount(f64),
-    /// Text: only `"..."`.
+    /// Text: a number of dollars, or `"..."`.
     Text(String),
+}
+
+impl CostLimit {
+    /// The limit (`None` for `"..."`).
+    ///
+    /// # Errors
+    ///
+    /// Anything that is not an amount of money [`Cost`] accepts, or zero.
+    pub fn amount(&self) -> Result<Option<Cost>, String> {
+        let cost = match self {
+            CostLimit::Text(t) if t == "..." => return Ok(None),
+            CostLimit::Text(t) => t.parse::<Cost>().map_err(|e| e.to_string())?,
+            CostLimit::Amount(a) => Cost::from_dollars(*a).ok_or_else(|| {
+                format!("{a} is not an amount of money (0 to {} dollars)", Cost::MAX_DOLLARS)
+            })?,
+        };
+        if cost == Cost::ZERO {
+            return Err("0 would refuse every call (leave it out for no limit)".to_owned());
+        }
+        Ok(Some(cost))
+    }
 }
 
 /// A `never_bypass` entry.

@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use tower_llm_breaker::BreakerConfig;
-use tower_llm_core::{ChatRequest, FailurePolicy};
+use tower_llm_core::{ChatRequest, Cost, FailurePolicy};
 use tower_llm_hedge::HedgeConfig;
 use tower_llm_retry::{JitterSpec, NamedJitter, RetryConfig};
 
@@ -256,6 +256,21 @@ pub struct RouteConfig {
     pub model: String,
     /// `chain`: the links, primary first.
     pub chain: Vec<LinkConfig>,
+    /// `max_total_cost`: the most one call may spend, in dollars, across
+    /// all its attempts (retries, failovers, hedges); every link must be
+    /// priced (`[prices]`). Each attempt holds its worst case first: one
+    /// that does not fit what is left is not sent, and the call moves to
+    /// the next (cheaper) link. A caller may lower it with the
+    /// `x-llm-max-cost` header, never raise it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_total_cost: Option<Cost>,
+    /// `max_output_tokens`: the most output tokens one attempt may
+    /// generate, written into requests that ask for more or name no
+    /// `max_tokens`, when the route is held to a budget or quota (the
+    /// attempt's worst case is then known). Required with
+    /// `max_total_cost` or `[quotas]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u32>,
     /// `health_ordering_ms`: when failing over, try the alternates
     /// healthiest first by their success rate and latency over this window
     /// (`FallbackBuilder::with_health_ordering`; default off: the written
@@ -308,6 +323,8 @@ impl RouteConfig {
         RouteConfig {
             model: model.into(),
             chain,
+            max_total_cost: None,
+            max_output_tokens: None,
             health_ordering_ms: None,
             degraded: None,
             degraded_admit: None,
@@ -344,6 +361,9 @@ pub struct ResolvedRoute {
     pub degraded: Option<String>,
     /// Who may get it (default everyone).
     pub degraded_admit: Option<AdmitRule>,
+    /// The call's cost budget: the smaller of the route's
+    /// `max_total_cost` and its fallback policy's.
+    pub max_total_cost: Option<Cost>,
 }
 
 impl Policy {
@@ -462,6 +482,7 @@ impl Policy {
         let mut degraded = route.degraded.clone();
         let mut degraded_admit = route.degraded_admit.clone();
         let mut fallback_failures = None;
+        let mut max_total_cost = route.max_total_cost;
         if let Some(doc) = doc {
             let at = format!("fallback policy \"{}\"", doc.fallback_id);
             if let Some(list) = &doc.trigger {
@@ -476,12 +497,12 @@ impl Policy {
                     d.failover = on;
                 }));
             }
-            match &doc.max_total_cost {
-                None => {}
-                Some(CostLimit::Text(t)) if t == "..." => {}
-                Some(other) => p.push(format!(
-                    "{at}: max_total_cost {other:?} is not supported: tower-llm does not price calls (leave it out, or \"...\")"
-                )),
+            match doc.max_total_cost.as_ref().map(CostLimit::amount) {
+                None | Some(Ok(None)) => {}
+                Some(Ok(Some(limit))) => {
+                    max_total_cost = Some(max_total_cost.map_or(limit, |c: Cost| c.min(limit)));
+                }
+                Some(Err(e)) => p.push(format!("{at}: max_total_cost: {e}")),
             }
             if doc.max_total_latency_ms == Some(0) {
                 p.push(format!("{at}: max_total_latency_ms must be above 0"));
@@ -567,6 +588,7 @@ impl Policy {
             deadline_written,
             degraded,
             degraded_admit,
+            max_total_cost,
         })
     }
     /// `retry.min_attempt_ms`, or its default: 1,000, or a quarter of the

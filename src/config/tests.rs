@@ -272,3 +272,91 @@ fn a_policy_without_routes_is_refused() {
             .contains("unknown field `server`")
     );
 }
+
+/// A policy of two providers, one route over both, with `extra` appended.
+fn priced(extra: &str) -> Result<Policy, ConfigError> {
+    Policy::from_toml(&format!(
+        r#"
+        [[providers]]
+        name = "a"
+        kind = "openai"
+        api_key_env = "A_KEY"
+
+        [[providers]]
+        name = "b"
+        kind = "anthropic"
+        api_key_env = "B_KEY"
+
+        {extra}
+        "#
+    ))
+}
+
+const ROUTE: &str = r#"
+    [[routes]]
+    model = "smart"
+    max_total_cost = 0.05
+    max_output_tokens = 1024
+    chain = [{ provider = "a", model = "big" }, { provider = "b", model = "small" }]
+"#;
+
+const PRICES: &str = r#"
+    [prices.a.big]
+    input = 5.0
+    output = 15.0
+    [prices.b.small]
+    input = 0.25
+    output = 1.25
+    cached_input = 0.03
+"#;
+
+#[test]
+fn a_price_table_and_a_budget_load_and_resolve() {
+    let policy = priced(&format!("{ROUTE}{PRICES}")).expect("loads");
+    let r = policy.resolve(&policy.routes[0]).expect("resolves");
+    assert_eq!(r.max_total_cost, tower_llm_core::Cost::from_dollars(0.05));
+    let small = policy.price("b", "small").expect("priced");
+    assert_eq!(small.cached_input, tower_llm_core::Cost::from_dollars(0.03));
+    assert!(policy.price("b", "big").is_none());
+}
+
+#[test]
+fn a_budget_or_quota_needs_every_link_priced_and_an_output_cap() {
+    let only_big = "[prices.a.big]\ninput = 5.0\noutput = 15.0\n";
+    let e = priced(&format!("{ROUTE}{only_big}")).unwrap_err().to_string();
+    assert!(
+        e.contains("route \"smart\": max_total_cost needs every link priced: add [prices.b.\"small\"]"),
+        "{e}"
+    );
+    let uncapped = ROUTE.replace("max_output_tokens = 1024\n", "");
+    let e = priced(&format!("{uncapped}{PRICES}")).unwrap_err().to_string();
+    assert!(e.contains("max_total_cost needs max_output_tokens"), "{e}");
+    let quotas = format!(
+        "{}\n[quotas]\nwindow_secs = 86400\nmax_cost = 10\n",
+        uncapped.replace("max_total_cost = 0.05\n", "")
+    );
+    let e = priced(&quotas).unwrap_err().to_string();
+    assert!(e.contains("[quotas] needs every link priced"), "{e}");
+    assert!(e.contains("[quotas] needs max_output_tokens"), "{e}");
+}
+
+#[test]
+fn a_malformed_price_table_is_refused_with_the_field_s_path() {
+    let bad = |table: &str| {
+        priced(&format!("{ROUTE}{PRICES}{table}"))
+            .unwrap_err()
+            .to_string()
+    };
+    let e = bad("[prices.a.neg]\ninput = -1.0\noutput = 1.0\n");
+    assert!(e.contains("prices.a.neg"), "{e}");
+    let e = bad("[prices.a.absurd]\ninput = 1.0\noutput = 50000.0\n");
+    assert!(e.contains("prices.a.absurd") && e.contains("absurd"), "{e}");
+    let e = bad("[prices.a.typo]\ninput = 1.0\noutptu = 1.0\n");
+    assert!(e.contains("prices.a.typo"), "{e}");
+    let e = bad("[prices.nobody.m]\ninput = 1.0\noutput = 1.0\n");
+    assert!(e.contains("prices.nobody: unknown provider"), "{e}");
+    let e = bad("[quotas]\nwindow_secs = 0\nmax_cost = 1\n");
+    assert!(e.contains("quotas.window_secs = 0"), "{e}");
+    let e = priced(&format!("{}{PRICES}", ROUTE.replace("0.05", "0"))).unwrap_err().to_string();
+    assert!(e.contains("max_total_cost = 0 would refuse every call"), "{e}");
+}

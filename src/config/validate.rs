@@ -256,8 +256,61 @@ impl Policy {
                     ));
                 }
             }
+            self.check_costs(route, &resolved, &mut p);
+        }
+        for (provider, models) in &self.prices {
+            if !names.contains(provider.as_str()) {
+                p.push(format!("prices.{provider}: unknown provider \"{provider}\""));
+            }
+            if models.keys().any(String::is_empty) {
+                p.push(format!("prices.{provider}: a model name is empty"));
+            }
+        }
+        if let Some(Err(e)) = self.quotas.as_ref().map(tower_llm_cost::QuotaConfig::validate) {
+            p.push(format!("quotas.{e}"));
         }
         ConfigError::check(p)
+    }
+
+    /// A route held to a budget (its `max_total_cost`) or to `[quotas]`
+    /// needs every link it may call priced and an output cap.
+    fn check_costs(&self, route: &super::RouteConfig, resolved: &super::ResolvedRoute, p: &mut Vec<String>) {
+        let at = format!("route \"{}\"", route.model);
+        if route.max_total_cost == Some(tower_llm_core::Cost::ZERO) {
+            p.push(format!("{at}: max_total_cost = 0 would refuse every call (leave it out for no limit)"));
+        }
+        if route.max_output_tokens == Some(0) {
+            p.push(format!("{at}: max_output_tokens must be above 0"));
+        }
+        let why = match (resolved.max_total_cost.is_some(), self.quotas.is_some()) {
+            (true, _) => "max_total_cost",
+            (false, true) => "[quotas]",
+            (false, false) => return,
+        };
+        if route.max_output_tokens.is_none() {
+            p.push(format!(
+                "{at}: {why} needs max_output_tokens (the most output one attempt may hold)"
+            ));
+        }
+        let mut called: std::collections::BTreeSet<(&str, &str)> = resolved
+            .chain
+            .iter()
+            .map(|l| (l.provider.as_str(), l.model.as_str()))
+            .collect();
+        for link in &resolved.chain {
+            if let Some(HedgeTarget::Link { provider, model }) =
+                link.hedge_to.as_ref().or(route.hedge_to.as_ref())
+            {
+                called.insert((provider.as_str(), model.as_str()));
+            }
+        }
+        for (provider, model) in called {
+            if self.price(provider, model).is_none() {
+                p.push(format!(
+                    "{at}: {why} needs every link priced: add [prices.{provider}.\"{model}\"]"
+                ));
+            }
+        }
     }
 }
 

@@ -17,7 +17,10 @@ use crate::Meter;
 ///   carried (OpenAI's last chunk with `stream_options.include_usage`,
 ///   Anthropic's `message_delta`, Bedrock's `metadata`), or, when it was
 ///   cut (an error item, or dropped by its reader) without usage, one
-///   output token per byte of content delivered.
+///   output token per byte of content delivered. The stream's attempt
+///   records leave with it at its commit point, before it is charged: its
+///   own attempt's cost reaches the budget, the quota and
+///   `ai_router_cost_total`, not its record.
 pub trait CostAnswer: Sized {
     /// This answer, charged through `meter`.
     fn charge(self, meter: Meter) -> Self;

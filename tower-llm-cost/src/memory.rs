@@ -190,8 +190,11 @@ impl MemoryQuota {
 
 impl QuotaStore for MemoryQuota {
     fn reserve(&self, tenant: &Tenant, ask: Ask) -> Reserve {
-        let result = self.try_reserve(tenant, ask);
-        Box::pin(std::future::ready(result))
+        // Held when first polled, in the poll that hands the hold over: a
+        // future dropped unpolled holds nothing.
+        let this = self.clone();
+        let tenant = tenant.clone();
+        Box::pin(async move { this.try_reserve(&tenant, ask) })
     }
 
     fn settle(&self, hold: QuotaHold, spent: Ask) {

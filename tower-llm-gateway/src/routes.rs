@@ -10,9 +10,10 @@ use std::time::Duration;
 use tower::util::BoxCloneSyncService;
 use tower_llm::breaker::BreakerLayer;
 use tower_llm::config::{
-    ConfigError, HedgeBudgets, LinkConfig, Policy, ProviderConfig, ProviderServices, RouteAnswer,
+    BuildContext, ConfigError, HedgeBudgets, LinkConfig, Policy, ProviderConfig, ProviderServices, RouteAnswer,
     RouteConfig, RouteService, TenantHeader,
 };
+use tower_llm::cost::{CostAnswer, QuotaStore};
 use tower_llm::idempotency::{IdempotencyLayer, IdempotentAnswer};
 use tower_llm::{
     ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics, Metrics,
@@ -48,6 +49,9 @@ pub(crate) struct RouteInfo {
     pub(crate) deadline: Duration,
     /// The links whose answers need verification: (provider, model).
     pub(crate) verify: Vec<(String, String)>,
+    /// Every link is priced: a call may be held to a budget
+    /// (`x-llm-max-cost`).
+    pub(crate) priced: bool,
 }
 
 /// Bulkheads by provider name, with their limit.
@@ -61,6 +65,7 @@ pub(crate) fn build(
     breaker: &BreakerLayer,
     idempotency: Option<&IdempotencyLayer<TenantHeader>>,
     hedges: &HedgeBudgets,
+    quota: Option<&Arc<dyn QuotaStore>>,
     metrics: &Metrics,
     genai: &GenAiMetrics,
     transport: &Transport,
@@ -113,9 +118,15 @@ pub(crate) fn build(
     let mut stream = HashMap::new();
     let mut info = HashMap::new();
     for route in &policy.routes {
-        let parts = (policy, route, breaker, metrics, idempotency, hedges);
-        let u = route_stack(parts, &find, |s| s.chat)?;
-        let s = route_stack(parts, &find, |s| s.stream)?;
+        let with = BuildContext {
+            breaker,
+            metrics,
+            idempotency,
+            hedges,
+            quota,
+        };
+        let u = route_stack(policy, route, with, &find, |s| s.chat)?;
+        let s = route_stack(policy, route, with, &find, |s| s.stream)?;
         unary.insert(route.model.clone(), u);
         stream.insert(route.model.clone(), s);
         let resolved = policy.resolve(route)?;
@@ -130,6 +141,10 @@ pub(crate) fn build(
             Arc::new(RouteInfo {
                 deadline: Duration::from_millis(resolved.total_ms),
                 verify,
+                priced: resolved
+                    .chain
+                    .iter()
+                    .all(|l| policy.price(&l.provider, &l.model).is_some()),
             }),
         );
     }
@@ -142,30 +157,19 @@ pub(crate) fn build(
     })
 }
 
-/// What building one route's stack takes.
-type RouteParts<'a> = (
-    &'a Policy,
-    &'a RouteConfig,
-    &'a BreakerLayer,
-    &'a Metrics,
-    Option<&'a IdempotencyLayer<TenantHeader>>,
-    &'a HedgeBudgets,
-);
-
 /// One route's stack over the services `find` gives for its links, the
 /// unary or streaming one (`pick`).
-fn route_stack<Res: RouteAnswer + IdempotentAnswer>(
-    (policy, route, breaker, metrics, idempotency, hedges): RouteParts<'_>,
+fn route_stack<Res: RouteAnswer + IdempotentAnswer + CostAnswer>(
+    policy: &Policy,
+    route: &RouteConfig,
+    with: BuildContext<'_>,
     find: &dyn Fn(&ProviderConfig, &LinkConfig) -> Option<ProviderServices>,
     pick: fn(ProviderServices) -> RouteService<Res>,
 ) -> Result<RouteService<Res>, ConfigError> {
     let mut missing = false;
     let svc = policy.build_route_with(
         route,
-        breaker,
-        metrics.clone(),
-        idempotency,
-        hedges,
+        with,
         |p, link| match find(p, link) {
             Some(services) => pick(services),
             None => {

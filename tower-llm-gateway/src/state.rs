@@ -15,7 +15,10 @@ use tower_llm::{GenAiMetrics, Metrics};
 
 use crate::config::{GatewayConfig, ServerPolicy};
 use crate::routes::{Bulkheads, KeySource, Routes, build};
-use crate::stores::{Breakers, IdempotencyKey, circuit_gauge, idempotency_of, lock};
+use crate::stores::{
+    Breakers, IdempotencyKey, QuotaKey, circuit_gauge, idempotency_of, lock, quota_of,
+};
+use tower_llm::cost::QuotaStore;
 use crate::transport::Transport;
 
 /// The result of the last background probe of a provider.
@@ -49,6 +52,9 @@ pub struct Gateway {
     /// Each hedged link's budget, one for its unary and streaming stacks,
     /// carried across reloads while the link's hedge is unchanged.
     hedges: Mutex<HedgeBudgets>,
+    /// The tenant quota store of `[quotas]` and what it was built from;
+    /// kept across a reload while both are unchanged.
+    quota: Mutex<Option<(QuotaKey, Arc<dyn QuotaStore>)>>,
     pub(crate) metrics: Metrics,
     pub(crate) genai: GenAiMetrics,
     pub(crate) registry: prometheus::Registry,
@@ -128,12 +134,14 @@ impl Gateway {
         let idempotency = idempotency_of(&config, &metrics)?;
         let layer = lock(&breaker).layer.clone();
         let hedges = HedgeBudgets::new();
+        let quota = quota_of(&config, None)?;
         let routes = build(
             policy,
             settings,
             &layer,
             idempotency.as_ref().map(|(_, l)| l),
             &hedges,
+            quota.as_ref().map(|(_, q)| q),
             &metrics,
             &genai,
             &transport,
@@ -147,6 +155,7 @@ impl Gateway {
             breaker,
             idempotency: Mutex::new(idempotency),
             hedges: Mutex::new(hedges),
+            quota: Mutex::new(quota),
             metrics,
             genai,
             registry,
@@ -210,12 +219,19 @@ impl Gateway {
             }
         };
         let hedges = lock(&self.hedges).for_reload();
+        // Unchanged `[quotas]` (and its shared store) keep the store and
+        // what it counted.
+        let quota = {
+            let running = lock(&self.quota);
+            quota_of(&config, running.as_ref())?
+        };
         let routes = build(
             policy,
             settings,
             &layer,
             idempotency.as_ref().map(|(_, l)| l),
             &hedges,
+            quota.as_ref().map(|(_, q)| q),
             &self.metrics,
             &self.genai,
             &self.transport,
@@ -230,6 +246,7 @@ impl Gateway {
         drop(running);
         *lock(&self.idempotency) = idempotency;
         *lock(&self.hedges) = hedges;
+        *lock(&self.quota) = quota;
         self.routes.store(Arc::new(routes));
         Ok(())
     }

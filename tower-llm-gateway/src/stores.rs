@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tower_llm::breaker::KeyFn as _;
 use tower_llm::breaker::{BreakerConfig, BreakerKey, BreakerLayer, BreakerStore};
 use tower_llm::config::{ConfigError, Policy, TenantHeader};
+use tower_llm::cost::{MemoryQuota, QuotaConfig, QuotaStore};
 use tower_llm::idempotency::{IdempotencyConfig, IdempotencyLayer};
 use tower_llm::{ChatRequest, Link, Metrics};
 use tower_llm_breaker_redis::RedisBreakerStore;
@@ -178,4 +179,26 @@ pub(crate) fn idempotency_of(
         }
     };
     Ok(Some(((config, shared.clone()), layer)))
+}
+
+/// What a quota store was built from: kept across a reload while
+/// unchanged.
+pub(crate) type QuotaKey = QuotaConfig;
+
+/// The tenant quota store of `[quotas]` (none without it): the running
+/// one when its settings are unchanged, else a new one.
+pub(crate) fn quota_of(
+    config: &GatewayConfig,
+    running: Option<&(QuotaKey, Arc<dyn QuotaStore>)>,
+) -> Result<Option<(QuotaKey, Arc<dyn QuotaStore>)>, ConfigError> {
+    let Some(want) = config.policy.quotas.clone() else {
+        return Ok(None);
+    };
+    if let Some((key, store)) = running {
+        if *key == want {
+            return Ok(Some((want, store.clone())));
+        }
+    }
+    let store: Arc<dyn QuotaStore> = Arc::new(MemoryQuota::new(want.clone()));
+    Ok(Some((want, store)))
 }

@@ -25,7 +25,22 @@ pub(super) fn error(status: StatusCode, message: &str, kind: &str, code: Option<
 pub(super) fn failure_response(f: &Failure) -> Response {
     let mut res = openai_failure_response(f).map(Body::new);
     insert_attempts(res.headers_mut(), f.attempts(), None, None);
+    insert_cost(res.headers_mut(), f.attempts());
     res
+}
+
+/// `x-llm-cost`: what the call's priced attempts cost, in dollars, when
+/// any attempt was priced (a unary answer, or a failure; a stream's last
+/// attempt settles after its headers, so streams do not carry it).
+pub(super) fn insert_cost(headers: &mut HeaderMap, attempts: &[AttemptRecord]) {
+    let mut priced = attempts.iter().filter_map(|a| a.cost).peekable();
+    if priced.peek().is_none() {
+        return;
+    }
+    let total = priced.fold(tower_llm::Cost::ZERO, tower_llm::Cost::saturating_add);
+    if let Ok(v) = HeaderValue::from_str(&total.to_string()) {
+        headers.insert("x-llm-cost", v);
+    }
 }
 
 /// `x-llm-attempts`, and for an answer `x-llm-provider` and

@@ -21,6 +21,7 @@ use crate::server::Connection;
 
 use super::answer::{
     Held, Holding, MAX_REQUEST_BODY, error, failure_response, insert_answer_flags, insert_attempts,
+    insert_cost,
     now_unix, overloaded, too_large, unknown_route,
 };
 use super::sse::sse;
@@ -176,6 +177,35 @@ pub(super) async fn chat(
     let Some(info) = routes.info.get(&*req.model).cloned() else {
         return unknown_route(&req.model);
     };
+    // `x-llm-max-cost`: the caller's budget for this call, which can
+    // lower the route's (`Budget::store` keeps the lower), never raise it.
+    if let Some(value) = req
+        .extensions
+        .get::<tower_llm::config::InboundHeaders>()
+        .and_then(|h| h.0.get(MAX_COST_HEADER))
+    {
+        match value.to_str().ok().and_then(|v| v.parse::<tower_llm::Cost>().ok()) {
+            Some(limit) if info.priced => {
+                tower_llm::Budget::new(limit).store(&mut req);
+            }
+            Some(_) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "this route cannot hold a call to a budget: not every link is priced ([prices])",
+                    "invalid_request_error",
+                    Some("invalid_max_cost"),
+                );
+            }
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "the x-llm-max-cost header is not an amount of dollars (like 0.05)",
+                    "invalid_request_error",
+                    Some("invalid_max_cost"),
+                );
+            }
+        }
+    }
     // The call's deadline, as the deadline layer counts it (from now).
     let deadline = Instant::now() + info.deadline;
     // A call with a trace context gets a span of its own target, for
@@ -241,6 +271,7 @@ pub(super) async fn chat(
                 // A degraded answer was served by no link.
                 let position = (!res.degraded).then_some(res.fallback_position);
                 insert_attempts(out.headers_mut(), &res.attempts, position, Some(&info));
+                insert_cost(out.headers_mut(), &res.attempts);
                 insert_answer_flags(out.headers_mut(), &res.attempts, res.idempotent_replayed);
                 if res.degraded {
                     out.headers_mut()
@@ -252,6 +283,9 @@ pub(super) async fn chat(
         }
     }
 }
+
+/// The header with which a caller lowers a call's cost budget.
+pub(crate) const MAX_COST_HEADER: &str = "x-llm-max-cost";
 
 /// `true` when `e` is the body cap's error.
 fn is_length_limit(e: &axum::Error) -> bool {

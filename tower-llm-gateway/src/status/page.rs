@@ -108,6 +108,8 @@ impl Gateway {
         let circuits = self.breaker().snapshot();
         let probes = self.probes();
         let now = self.status.minute();
+        let families = self.registry.gather();
+        let spend = spend_by_link(&families);
         let mut page = String::with_capacity(16 << 10);
         page.push_str("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">");
         if !operator {
@@ -136,7 +138,7 @@ table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;p
                 page,
                 "<h2>Route <code>{}</code></h2><table><tr><th>#</th><th>link</th><th>circuit</th><th>last probe</th>\
 <th>attempts 1 / 5 / 15 min</th><th>failures 1 / 5 / 15 min</th><th>failovers 1 / 5 / 15 min</th><th>errors (15 min)</th>\
-<th>latency</th><th>time to first token</th>{}</tr>",
+<th>latency</th><th>time to first token</th><th>spend since start</th>{}</tr>",
                 escape(&route.model),
                 if operator { "<th>control</th>" } else { "" }
             );
@@ -215,7 +217,7 @@ table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;p
                 let _ = write!(
                     page,
                     "<tr><td>{i}</td><td><code>{}</code> / <code>{}</code></td><td>{state}</td><td>{probe}</td>\
-<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{classes}</td><td>{}</td><td>{}</td>{control}</tr>",
+<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{classes}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td>{control}</tr>",
                     escape(&link.provider),
                     escape(&link.model),
                     triple(|w| w.attempts),
@@ -223,6 +225,10 @@ table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;p
                     triple(|w| w.failovers),
                     sparkline(&series.latency, "latency"),
                     sparkline(&series.ttft, "time to first token"),
+                    match (policy.price(&link.provider, &link.model), spend.get(&(link.provider.as_str(), link.model.as_str()))) {
+                        (None, _) => "not priced".to_owned(),
+                        (Some(_), spent) => format!("${:.6}", spent.copied().unwrap_or(0.0)),
+                    },
                 );
             }
             page.push_str("</table>");
@@ -248,6 +254,30 @@ table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;p
         );
         page
     }
+}
+
+/// What each priced link has cost since the gateway started, in dollars
+/// (`ai_router_cost_total` by provider and model; streams included, as
+/// each settles when it ends).
+fn spend_by_link(
+    families: &[prometheus::proto::MetricFamily],
+) -> std::collections::HashMap<(&str, &str), f64> {
+    let mut spend = std::collections::HashMap::new();
+    for family in families.iter().filter(|f| f.name() == "ai_router_cost_total") {
+        for metric in family.get_metric() {
+            let label = |name: &str| {
+                metric
+                    .get_label()
+                    .iter()
+                    .find(|l| l.name() == name)
+                    .map(|l| l.value())
+            };
+            if let (Some(provider), Some(model)) = (label("provider"), label("model")) {
+                *spend.entry((provider, model)).or_insert(0.0) += metric.get_counter().get_value();
+            }
+        }
+    }
+    spend
 }
 
 /// `s` as the inside of a single-quoted JavaScript string (then

@@ -118,12 +118,21 @@ fn fields_and_values_without_a_meaning_here_are_refused_by_name() {
         FALLBACK_POLICY,
     );
     assert!(e.contains("at retry_policies[0].hedge:"), "{e}");
+    // A real budget needs every link priced and an output cap.
     let e = refused(
         RETRY_POLICY,
         &FALLBACK_POLICY.replace("\"max_total_cost\": \"...\"", "\"max_total_cost\": 0.5"),
     );
-    assert!(e.contains("max_total_cost"), "{e}");
-    assert!(e.contains("does not price calls"), "{e}");
+    assert!(e.contains("max_total_cost needs max_output_tokens"), "{e}");
+    assert!(
+        e.contains("max_total_cost needs every link priced: add [prices.provider_A.\"model_Y\"]"),
+        "{e}"
+    );
+    let e = refused(
+        RETRY_POLICY,
+        &FALLBACK_POLICY.replace("\"max_total_cost\": \"...\"", "\"max_total_cost\": \"lots\""),
+    );
+    assert!(e.contains("max_total_cost: \"lots\" is not an amount of money"), "{e}");
     let e = refused(
         &RETRY_POLICY.replace("REQUIRED_FOR_WRITE", "REQUIRED_ALWAYS"),
         FALLBACK_POLICY,

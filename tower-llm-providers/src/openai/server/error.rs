@@ -19,11 +19,14 @@ pub fn encode_error(message: &str, kind: &str, code: Option<&str>) -> Value {
 /// | bad request raised by a layer (no provider) with its own status 422 (e.g. `idempotency_key_reused`) | 422 | `invalid_request_error` |
 /// | bad request, context window exceeded, content filtered | 400 | `invalid_request_error` |
 /// | auth, not found (our credentials or model names), invalid response, cancelled | 502 | `upstream_error` |
+/// | cost budget exhausted (the call's `max_total_cost` cannot cover another attempt) | 402 | `budget_exceeded` |
+/// | tenant quota exhausted (the tenant's spend or tokens for the window) | 429 | `quota_exceeded` |
 /// | every other class (transient, rate limited, timeout, quota, circuit open) | 503 | `service_unavailable` |
 ///
 /// When every link of a fallback chain failed
 /// ([`Failure::is_all_links_failed`]) the answer is 503 whatever the
-/// last class, except a deadline (504).
+/// last class, except a deadline (504), a budget (402) or a quota (429):
+/// the call ended because nothing left could be paid for.
 ///
 /// ```
 /// use tower_llm_core::{Failure, FailureClass};
@@ -64,9 +67,16 @@ pub fn failure_status(f: &Failure) -> (http::StatusCode, &'static str) {
         | FailureClass::NotFound
         | FailureClass::InvalidResponse
         | FailureClass::Cancelled => (StatusCode::BAD_GATEWAY, "upstream_error"),
+        FailureClass::CostBudgetExhausted => (StatusCode::PAYMENT_REQUIRED, "budget_exceeded"),
+        FailureClass::TenantQuotaExhausted => (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded"),
         _ => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable"),
     };
-    if f.is_all_links_failed() && status != StatusCode::GATEWAY_TIMEOUT {
+    let ours = [
+        StatusCode::GATEWAY_TIMEOUT,
+        StatusCode::PAYMENT_REQUIRED,
+        StatusCode::TOO_MANY_REQUESTS,
+    ];
+    if f.is_all_links_failed() && !ours.contains(&status) {
         (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable")
     } else {
         (status, kind)
@@ -75,8 +85,8 @@ pub fn failure_status(f: &Failure) -> (http::StatusCode, &'static str) {
 
 /// A failed call as an HTTP answer in OpenAI's error shape: the status
 /// and `type` of [`failure_status`], the failure's message, its class
-/// label as the `code`, and on a 503 a `Retry-After` (whole seconds,
-/// at least 1) when the failure knows one. Any server (axum, hyper)
+/// label as the `code`, and on a 503 or 429 a `Retry-After` (whole
+/// seconds, at least 1) when the failure knows one. Any server (axum, hyper)
 /// can send it as it is.
 ///
 /// ```
@@ -105,7 +115,8 @@ pub fn failure_response(f: &Failure) -> http::Response<http_body_util::Full<byte
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
     );
-    if status == http::StatusCode::SERVICE_UNAVAILABLE {
+    if status == http::StatusCode::SERVICE_UNAVAILABLE || status == http::StatusCode::TOO_MANY_REQUESTS
+    {
         if let Some(wait) = f.retry_after() {
             let secs = (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1);
             res.headers_mut()
