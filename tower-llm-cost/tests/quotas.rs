@@ -282,11 +282,9 @@ async fn a_quota_refusal_releases_the_call_budget_s_hold() {
 }
 
 /// The `QuotaStore` contract: "a reserve future dropped before it resolves
-/// leaves nothing held". `MemoryQuota::reserve` takes the hold eagerly and
-/// returns it in a ready future, so a `CostFuture` dropped before its first
-/// poll (still `Reserving`) leaks the hold until `hold_secs` (900 s).
+/// leaves nothing held": a call future dropped before its first poll
+/// (still reserving) holds nothing, not even until `hold_secs`.
 #[tokio::test(start_paused = true)]
-#[ignore = "bug: MemoryQuota::reserve holds eagerly; an unpolled CostFuture leaks its quota hold"]
 async fn a_call_dropped_before_its_first_poll_holds_nothing() {
     let quota = quota_of(max_cost(1_000_000));
     let provider = Provider::new("p", &[ok(usual())]);
