@@ -532,6 +532,7 @@ fn local_config(config: &QuotaConfig, share: f64) -> QuotaConfig {
 /// What a tenant has spent and holds in one window, as Redis counts it
 /// ([`RedisQuota::shared_usage`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Usage {
     /// The window (by the server's clock; [`QuotaConfig::window_at`]).
     pub window: u64,

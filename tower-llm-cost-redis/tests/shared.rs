@@ -42,11 +42,23 @@ fn config(window_secs: u64, max_cost: f64) -> QuotaConfig {
 /// The longest window: a test never straddles two.
 const LONG: u64 = 366 * 86_400;
 
+/// A replica with a command timeout generous enough for a loaded test
+/// machine: Redis never counts as down unless the test makes it so.
 fn replica(server: &RedisServer, config: QuotaConfig, share: f64) -> RedisQuota {
+    replica_timing_out(server, config, share, Duration::from_secs(2))
+}
+
+/// A replica whose commands time out after `op_timeout`.
+fn replica_timing_out(
+    server: &RedisServer,
+    config: QuotaConfig,
+    share: f64,
+    op_timeout: Duration,
+) -> RedisQuota {
     RedisQuota::builder(&server.url(), config)
         .expect("url")
         .with_prefix("test:quota:")
-        .with_op_timeout(OP_TIMEOUT)
+        .with_op_timeout(op_timeout)
         .with_max_backoff(Duration::from_millis(50))
         .with_local_share(share)
         .build()
@@ -175,6 +187,11 @@ async fn a_reserve_dropped_before_its_reply_leaves_nothing_held() {
     };
     let q = replica(&server, config(LONG, 1.0), 1.0);
     let t = tenant(b"impatient");
+    // Connected, and the script loaded: the dropped reserves below are
+    // the only thing in flight.
+    let warm = q.reserve(&t, Ask::default()).await.expect("fits");
+    assert!(q.is_shared());
+    q.settle(warm, Ask::default());
     for _ in 0..20 {
         let mut reserve = q.reserve(&t, dollars(0.5));
         // Polled once (the script is sent), then dropped unresolved.
@@ -266,7 +283,7 @@ async fn redis_killed_each_replica_enforces_its_share_then_pushes_its_spend_back
     };
     let events = Events::default();
     let _guard = tracing::subscriber::set_default(events.clone());
-    let q = replica(&server, config(LONG, 1.0), 0.5);
+    let q = replica_timing_out(&server, config(LONG, 1.0), 0.5, OP_TIMEOUT);
     let t = tenant(b"acme");
     let in_redis = q.reserve(&t, dollars(0.2)).await.expect("fits");
     assert!(q.is_shared());
@@ -322,7 +339,7 @@ async fn a_frozen_redis_costs_a_reserve_one_op_timeout_at_most_then_the_local_sh
     let Some(server) = RedisServer::start("redis_frozen") else {
         return;
     };
-    let q = replica(&server, config(LONG, 1.0), 0.5);
+    let q = replica_timing_out(&server, config(LONG, 1.0), 0.5, OP_TIMEOUT);
     let t = tenant(b"acme");
     let in_redis = q.reserve(&t, dollars(0.2)).await.expect("fits");
 
