@@ -3,8 +3,8 @@
 //!
 //! [`RedisQuota`] is a [`QuotaStore`](tower_llm_cost::QuotaStore) for
 //! `tower-llm-cost`: every replica using the same Redis (and prefix)
-//! counts every tenant's spend and open holds in one place, so the fleet
-//! together never passes a tenant's limits.
+//! counts every tenant's spend and open holds in one place, so while
+//! Redis answers the fleet together never passes a tenant's limits.
 //!
 //! ```no_run
 //! use std::time::Duration;
