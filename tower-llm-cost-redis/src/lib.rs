@@ -1,1 +1,142 @@
-//! A Redis-backed quota store (lands next).
+//! Tenant quotas shared between replicas through Redis: exact while Redis
+//! answers, and a stated rule while it does not.
+//!
+//! [`RedisQuota`] is a [`QuotaStore`](tower_llm_cost::QuotaStore) for
+//! `tower-llm-cost`: every replica using the same Redis (and prefix)
+//! counts every tenant's spend and open holds in one place, so while
+//! Redis answers the fleet together never passes a tenant's limits.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower_llm_core::{Cost, Tenant};
+//! use tower_llm_cost::{Ask, Limits, QuotaConfig, QuotaStore};
+//! use tower_llm_cost_redis::RedisQuota;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limits = Limits { max_cost: Cost::from_dollars(10.0), max_tokens: Some(2_000_000) };
+//! let config = QuotaConfig::new(Duration::from_secs(86_400), limits);
+//! let quota = RedisQuota::builder("redis://127.0.0.1:6379", config)?
+//!     .with_replicas(4) // while Redis is down, each replica allows a quarter
+//!     .build()?;
+//! let acme = Tenant::new(&b"acme"[..]);
+//! let ask = Ask { cost: Cost::from_dollars(0.05).unwrap_or_default(), tokens: 4_000 };
+//! match quota.reserve(&acme, ask).await {
+//!     Ok(hold) => {
+//!         // ... the call; then what it really cost:
+//!         quota.settle(hold, Ask { cost: Cost::from_nanos(12_500_000), tokens: 1_800 });
+//!     }
+//!     Err(refusal) => println!("refused: {refusal}"),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # How it works
+//!
+//! Each tenant's window is two Redis keys, and each step is one Lua
+//! script, atomic on the server:
+//!
+//! - **reserve**: reads the server's clock (`TIME`), so replicas' clocks
+//!   do not matter: the window index and hold expiries are the server's.
+//!   It drops the window's expired holds, adds up what is spent and held,
+//!   checks the ask against the tenant's limits (a limit not set is not
+//!   checked) and, if it fits, adds the hold, all at once. It answers the
+//!   window index (the hold carries it: [`QuotaHold::window`](tower_llm_cost::QuotaHold::window))
+//!   or the refusal: which limit, what is left, when the window ends. In
+//!   shadow mode it always holds, and marks a hold past a limit
+//!   ([`QuotaHold::over_limit`](tower_llm_cost::QuotaHold::over_limit)).
+//! - **settle**: releases the hold if it is still there and adds what was
+//!   spent to the hold's window, even when the hold expired meanwhile
+//!   (and only once, however often the settle is run). It is queued to a
+//!   background worker: [`settle`](tower_llm_cost::QuotaStore::settle)
+//!   never waits.
+//!
+//! A reserve runs its script on a task of its own: if the reserve future
+//! is dropped (or gives up at the command timeout) before the reply, the
+//! task still sees the reply and queues the release of what was held. A
+//! reserve that got no reply at all queues a release of its hold id in
+//! the windows around this replica's clock, in case the script ran after
+//! all; failing that, the hold expires after `hold_secs`.
+//!
+//! Hold ids are unique per replica (a random 63-bit base of the process
+//! plus a counter).
+//!
+//! # What is exact, and what is not
+//!
+//! Exact while Redis answers: concurrent reserves from any number of
+//! replicas can never together hold or spend past a limit, because every
+//! open hold is counted by the script that admits the next one; a settle
+//! counts once. Amounts are nano-dollars and tokens, counted by Redis as
+//! integers; the comparison runs in Lua's doubles, exact up to 2^53
+//! (about 9 million dollars, or 9·10^15 tokens, per tenant and window);
+//! larger amounts are cut to it.
+//!
+//! Not exact: an attempt may spend more than it held (the store counts
+//! at most what was held, as `MemoryQuota` does); a hold nobody settles
+//! (a replica that crashed) counts until `hold_secs`; a settle dropped
+//! from a full queue (65,536 by default; [`RedisQuota::dropped_settles`],
+//! logged) never counts its spend and its hold counts until `hold_secs`;
+//! settles still queued when the store is dropped are run for one command
+//! timeout at most, the rest lost the same way. Each replica reads the
+//! limits from its own [`QuotaConfig`](tower_llm_cost::QuotaConfig):
+//! give every replica the same one. The keys of one window are derived in
+//! the scripts from the tenant's base key (`KEYS[1]`): use a standalone
+//! Redis (or one primary), not a cluster.
+//!
+//! # When Redis is down
+//!
+//! A command error or timeout (250 ms by default) switches the store at
+//! once, for that call too, to an in-process
+//! [`MemoryQuota`](tower_llm_cost::MemoryQuota) whose limits are the
+//! config's × the **local share** `s`
+//! ([`RedisQuotaBuilder::with_local_share`], 0 < s ≤ 1, default 1;
+//! [`with_replicas(n)`](RedisQuotaBuilder::with_replicas) sets 1/n).
+//! Logged once when it starts (warn) and once when it ends (info);
+//! [`RedisQuota::is_shared`] and the `ai_router_quota_shared_store_up`
+//! gauge ([`RedisQuota::register_metrics`]) read `false` / 0 meanwhile.
+//! No reserve waits longer than the command timeout, even on a frozen
+//! server.
+//!
+//! **The bound**: with N replicas each holding share s, while Redis is
+//! down the fleet may spend up to N·s·limit in a window on top of what
+//! Redis counted for it (with s = 1/N, one limit more at most). With
+//! Redis up, concurrent calls can never overspend beyond their open
+//! holds, which are counted: exact.
+//!
+//! The worker pings Redis with backoff (25 ms doubling to 2 s). When it
+//! answers, the worker first pushes the spend settled in-process, each
+//! amount added to the spent of the window it was in, and only then
+//! shares again, so the first reserves back in Redis see it. Best effort:
+//! at most 65,536 tenant-windows of it wait (more is counted in-process
+//! only, and logged), and a Redis that lost its data (a restart without
+//! persistence) lost what it counted before too. Then the settles queued
+//! during the outage run: holds taken in Redis before it and settled
+//! during it (until they run, those holds count in full, which errs on
+//! the safe side; if the queue fills, they are lost as above and their
+//! holds expire after `hold_secs`). Holds taken in-process are settled
+//! in-process even after Redis is back, and their spend pushed moments
+//! later. What a replica spent in-process counts against its share for
+//! the rest of the window, across outages.
+//!
+//! # Keys
+//!
+//! `{prefix}{t<hex of the tenant id>}:<window>:h` (a hash: spent, held,
+//! one field per open hold) and `…:z` (a sorted set of hold expiries);
+//! the prefix defaults to `tower-llm:quota:`. Tenant ids are opaque bytes:
+//! hex keeps any id apart from any other. Both keys expire one window
+//! after their window ends.
+//!
+//! The connection, the reconnection backoff and the URL handling are
+//! [`tower_llm_redis`]'s, shared with every Redis-backed store of
+//! tower-llm.
+//!
+//! # Feature flags
+//!
+//! None.
+
+mod scripts;
+mod store;
+mod worker;
+
+pub use store::{RedisQuota, RedisQuotaBuilder, RedisQuotaError, Usage};

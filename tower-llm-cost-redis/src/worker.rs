@@ -1,0 +1,183 @@
+//! The worker: runs queued settles against Redis while it answers; while
+//! it does not, keeps them queued and pings with backoff; when it is
+//! back, pushes what was spent in-process, then shares again.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tower_llm_redis::ShutdownSignal;
+
+use crate::store::{Fail, Inner, Job, amount};
+
+/// Jobs run together (concurrently, on the one multiplexed connection).
+const BATCH: usize = 256;
+
+pub(crate) async fn run(
+    inner: Arc<Inner>,
+    mut rx: mpsc::Receiver<Job>,
+    mut shutdown: ShutdownSignal,
+) {
+    // Jobs that got no answer: run again (each counts once) when Redis is
+    // back, before anything else.
+    let mut retry: Vec<Job> = Vec::new();
+    let mut batch: Vec<Job> = Vec::with_capacity(BATCH);
+    let mut backoff = inner.redis.backoff();
+    loop {
+        if !inner.is_up() {
+            tokio::select! {
+                () = shutdown.stopped() => return,
+                () = tokio::time::sleep(backoff.next_wait()) => {}
+            }
+            let mut conn = inner.conn.clone();
+            if !tower_llm_redis::ping(&mut conn, inner.redis.op_timeout()).await {
+                continue;
+            }
+            // Catch up before sharing again: reserves that see Redis
+            // then see what was spent meanwhile.
+            if catch_up(&inner, &mut retry).await {
+                backoff.reset();
+                inner.set_up();
+            }
+            continue;
+        }
+        if !retry.is_empty() || inner.has_unpushed() {
+            if !catch_up(&inner, &mut retry).await {
+                inner.set_down("a settle got no answer");
+            }
+            continue;
+        }
+        tokio::select! {
+            () = shutdown.stopped() => {
+                drain(&inner, &mut rx, retry).await;
+                return;
+            }
+            n = rx.recv_many(&mut batch, BATCH) => {
+                if n == 0 {
+                    return;
+                }
+                retry = run_batch(&inner, std::mem::take(&mut batch)).await;
+                if !retry.is_empty() {
+                    inner.set_down("a settle got no answer");
+                }
+            }
+            () = inner.wake.notified() => {}
+        }
+    }
+}
+
+/// Runs the jobs left over, then pushes the spend counted in-process;
+/// `true` if all of it landed (what did not stays in `retry`).
+async fn catch_up(inner: &Arc<Inner>, retry: &mut Vec<Job>) -> bool {
+    let mut jobs = std::mem::take(retry);
+    jobs.extend(inner.take_unpushed());
+    for chunk in chunks(jobs) {
+        retry.extend(run_batch(inner, chunk).await);
+    }
+    retry.is_empty()
+}
+
+fn chunks(mut jobs: Vec<Job>) -> Vec<Vec<Job>> {
+    let mut out = Vec::new();
+    while jobs.len() > BATCH {
+        let rest = jobs.split_off(BATCH);
+        out.push(jobs);
+        jobs = rest;
+    }
+    if !jobs.is_empty() {
+        out.push(jobs);
+    }
+    out
+}
+
+/// The store is dropped: runs what is queued, best effort, for one command
+/// timeout at most (only if Redis answers).
+async fn drain(inner: &Arc<Inner>, rx: &mut mpsc::Receiver<Job>, mut jobs: Vec<Job>) {
+    if !inner.is_up() {
+        return;
+    }
+    while let Ok(job) = rx.try_recv() {
+        jobs.push(job);
+    }
+    jobs.extend(inner.take_unpushed());
+    let all = async {
+        for chunk in chunks(jobs) {
+            run_batch(inner, chunk).await;
+        }
+    };
+    let _ = tokio::time::timeout(inner.redis.op_timeout(), all).await;
+}
+
+/// Runs `jobs` concurrently; the ones that got no answer.
+async fn run_batch(inner: &Arc<Inner>, jobs: Vec<Job>) -> Vec<Job> {
+    let mut set = JoinSet::new();
+    for job in jobs {
+        let inner = inner.clone();
+        set.spawn(async move {
+            let done = run_job(&inner, &job).await;
+            (job, done)
+        });
+    }
+    let mut failed = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok((_, Ok(()))) => {}
+            Ok((job, Err(Fail::Down(error)))) => {
+                tracing::debug!(error, "quota store: settle got no answer");
+                failed.push(job);
+            }
+            Ok((job, Err(Fail::Refused(error)))) => {
+                tracing::warn!(
+                    prefix = %inner.redis.prefix(),
+                    error,
+                    job = ?job,
+                    "quota store: settle script failed"
+                );
+            }
+            // A panic in a job (none expected): it is lost.
+            Err(_) => {}
+        }
+    }
+    failed
+}
+
+async fn run_job(inner: &Inner, job: &Job) -> Result<(), Fail> {
+    let window_secs = inner.config().window_secs;
+    let settle = |tenant, window: u64, id: u64, cost: u64, tokens: u64, mode: &'static str| {
+        let mut call = inner.scripts.settle.key(inner.base(tenant));
+        call.arg(window)
+            .arg(window_secs)
+            .arg(id)
+            .arg(amount(cost))
+            .arg(amount(tokens))
+            .arg(mode);
+        call
+    };
+    match job {
+        Job::Settle {
+            tenant,
+            window,
+            id,
+            spent,
+        } => {
+            let call = settle(tenant, *window, *id, spent.cost.nanos(), spent.tokens, "h");
+            inner.invoke::<i64>(&call).await.map(drop)
+        }
+        Job::Push {
+            tenant,
+            window,
+            id,
+            spent,
+        } => {
+            let call = settle(tenant, *window, *id, spent.cost.nanos(), spent.tokens, "p");
+            inner.invoke::<i64>(&call).await.map(drop)
+        }
+        Job::Forget { tenant, window, id } => {
+            for w in [window.saturating_sub(1), *window, window.saturating_add(1)] {
+                let call = settle(tenant, w, *id, 0, 0, "h");
+                inner.invoke::<i64>(&call).await?;
+            }
+            Ok(())
+        }
+    }
+}
