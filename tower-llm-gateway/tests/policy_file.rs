@@ -115,6 +115,11 @@ fn the_readme_reference_sets_every_key_and_loads_as_it_is() {
         "routes[].hedge.delay_ms",
         "routes[].chain[].hedge.quantile",
         "routes[].chain[].hedge.min_useful_ms",
+        "routes[].max_total_cost",
+        "routes[].max_output_tokens",
+        "prices.a.gpt-4o-mini.cached_input",
+        "quotas.max_tokens",
+        "quotas.tenants.acme.max_cost",
     ] {
         assert!(all.contains(key), "{key} is not set by the reference");
     }
