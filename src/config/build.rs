@@ -5,9 +5,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tower::Layer as _;
 use tower::ServiceBuilder;
 use tower::ServiceExt as _;
-use tower::Layer as _;
 use tower::util::BoxCloneSyncService;
 use tower_llm_breaker::BreakerLayer;
 use tower_llm_core::{

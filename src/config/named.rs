@@ -233,7 +233,10 @@ impl CostLimit {
             CostLimit::Text(t) if t == "..." => return Ok(None),
             CostLimit::Text(t) => t.parse::<Cost>().map_err(|e| e.to_string())?,
             CostLimit::Amount(a) => Cost::from_dollars(*a).ok_or_else(|| {
-                format!("{a} is not an amount of money (0 to {} dollars)", Cost::MAX_DOLLARS)
+                format!(
+                    "{a} is not an amount of money (0 to {} dollars)",
+                    Cost::MAX_DOLLARS
+                )
             })?,
         };
         if cost == Cost::ZERO {

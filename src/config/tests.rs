@@ -323,13 +323,19 @@ fn a_price_table_and_a_budget_load_and_resolve() {
 #[test]
 fn a_budget_or_quota_needs_every_link_priced_and_an_output_cap() {
     let only_big = "[prices.a.big]\ninput = 5.0\noutput = 15.0\n";
-    let e = priced(&format!("{ROUTE}{only_big}")).unwrap_err().to_string();
+    let e = priced(&format!("{ROUTE}{only_big}"))
+        .unwrap_err()
+        .to_string();
     assert!(
-        e.contains("route \"smart\": max_total_cost needs every link priced: add [prices.b.\"small\"]"),
+        e.contains(
+            "route \"smart\": max_total_cost needs every link priced: add [prices.b.\"small\"]"
+        ),
         "{e}"
     );
     let uncapped = ROUTE.replace("max_output_tokens = 1024\n", "");
-    let e = priced(&format!("{uncapped}{PRICES}")).unwrap_err().to_string();
+    let e = priced(&format!("{uncapped}{PRICES}"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("max_total_cost needs max_output_tokens"), "{e}");
     let quotas = format!(
         "{}\n[quotas]\nwindow_secs = 86400\nmax_cost = 10\n",
@@ -357,6 +363,11 @@ fn a_malformed_price_table_is_refused_with_the_field_s_path() {
     assert!(e.contains("prices.nobody: unknown provider"), "{e}");
     let e = bad("[quotas]\nwindow_secs = 0\nmax_cost = 1\n");
     assert!(e.contains("quotas.window_secs = 0"), "{e}");
-    let e = priced(&format!("{}{PRICES}", ROUTE.replace("0.05", "0"))).unwrap_err().to_string();
-    assert!(e.contains("max_total_cost = 0 would refuse every call"), "{e}");
+    let e = priced(&format!("{}{PRICES}", ROUTE.replace("0.05", "0")))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("max_total_cost = 0 would refuse every call"),
+        "{e}"
+    );
 }

@@ -260,13 +260,19 @@ impl Policy {
         }
         for (provider, models) in &self.prices {
             if !names.contains(provider.as_str()) {
-                p.push(format!("prices.{provider}: unknown provider \"{provider}\""));
+                p.push(format!(
+                    "prices.{provider}: unknown provider \"{provider}\""
+                ));
             }
             if models.keys().any(String::is_empty) {
                 p.push(format!("prices.{provider}: a model name is empty"));
             }
         }
-        if let Some(Err(e)) = self.quotas.as_ref().map(tower_llm_cost::QuotaConfig::validate) {
+        if let Some(Err(e)) = self
+            .quotas
+            .as_ref()
+            .map(tower_llm_cost::QuotaConfig::validate)
+        {
             p.push(format!("quotas.{e}"));
         }
         ConfigError::check(p)
@@ -274,10 +280,17 @@ impl Policy {
 
     /// A route held to a budget (its `max_total_cost`) or to `[quotas]`
     /// needs every link it may call priced and an output cap.
-    fn check_costs(&self, route: &super::RouteConfig, resolved: &super::ResolvedRoute, p: &mut Vec<String>) {
+    fn check_costs(
+        &self,
+        route: &super::RouteConfig,
+        resolved: &super::ResolvedRoute,
+        p: &mut Vec<String>,
+    ) {
         let at = format!("route \"{}\"", route.model);
         if route.max_total_cost == Some(tower_llm_core::Cost::ZERO) {
-            p.push(format!("{at}: max_total_cost = 0 would refuse every call (leave it out for no limit)"));
+            p.push(format!(
+                "{at}: max_total_cost = 0 would refuse every call (leave it out for no limit)"
+            ));
         }
         if route.max_output_tokens == Some(0) {
             p.push(format!("{at}: max_output_tokens must be above 0"));

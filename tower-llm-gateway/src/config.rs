@@ -91,6 +91,12 @@ impl GatewayConfig {
             }
             shared.check("idempotency_shared", &mut p);
         }
+        if let Some(shared) = &s.quotas_shared {
+            if self.policy.quotas.is_none() {
+                p.push("quotas_shared needs a [quotas] table".to_owned());
+            }
+            shared.check(&mut p);
+        }
         ConfigError::all([
             self.policy.validate(),
             s.server.validate(),
@@ -131,6 +137,64 @@ pub struct GatewaySettings {
     /// `[idempotency]`. Default: none, in-process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_shared: Option<SharedIdempotencyPolicy>,
+    /// `[quotas_shared]`: count `[quotas]` in Redis, exactly, for every
+    /// replica at once (the store is `tower_llm_cost_redis`'s). Needs
+    /// `[quotas]`. Default: none, each process counts its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quotas_shared: Option<SharedQuotas>,
+}
+
+/// `[quotas_shared]`: the Redis every replica counts tenant quotas on.
+///
+/// Its `Debug` never shows the URL's password.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SharedQuotas {
+    /// `redis`: the Redis URL, `redis://[:password@]host[:port][/db]`
+    /// (required; the breaker's, to keep one Redis).
+    pub redis: String,
+    /// `prefix`: the prefix of the Redis keys (default
+    /// `tower-llm:quota:`); replicas share quotas when they share it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// `local_share`: while Redis is down or frozen, each replica admits
+    /// against this share of every limit, counted in-process (0 < share ≤
+    /// 1; default 1, one replica; give `1 / replicas`). What it spends
+    /// meanwhile is added to Redis when it is back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_share: Option<f64>,
+}
+
+impl SharedQuotas {
+    /// The Redis URL with any password replaced by `***`, for logs.
+    pub fn redacted(&self) -> String {
+        tower_llm_redis::redact_url(&self.redis)
+    }
+
+    fn check(&self, problems: &mut Vec<String>) {
+        SharedRedis {
+            redis: self.redis.clone(),
+            prefix: None,
+        }
+        .check("quotas_shared", problems);
+        if let Some(share) = self.local_share {
+            if !(share > 0.0 && share <= 1.0) {
+                problems.push(format!(
+                    "quotas_shared.local_share = {share}: must be above 0 and at most 1"
+                ));
+            }
+        }
+    }
+}
+
+impl fmt::Debug for SharedQuotas {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedQuotas")
+            .field("redis", &self.redacted())
+            .field("prefix", &self.prefix)
+            .field("local_share", &self.local_share)
+            .finish()
+    }
 }
 
 impl HostSettings for GatewaySettings {
@@ -140,6 +204,7 @@ impl HostSettings for GatewaySettings {
         "health",
         "breaker_shared",
         "idempotency_shared",
+        "quotas_shared",
     ];
 }
 

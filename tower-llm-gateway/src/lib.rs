@@ -84,7 +84,7 @@ mod transport;
 
 pub use config::{
     GatewayConfig, GatewaySettings, HealthPolicy, ServerPolicy, SharedBreakerPolicy,
-    SharedIdempotencyPolicy, SharedRedis,
+    SharedIdempotencyPolicy, SharedQuotas, SharedRedis,
 };
 pub use health::probe_loop;
 pub use http::MAX_REQUEST_BODY;

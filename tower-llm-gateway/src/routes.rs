@@ -10,8 +10,8 @@ use std::time::Duration;
 use tower::util::BoxCloneSyncService;
 use tower_llm::breaker::BreakerLayer;
 use tower_llm::config::{
-    BuildContext, ConfigError, HedgeBudgets, LinkConfig, Policy, ProviderConfig, ProviderServices, RouteAnswer,
-    RouteConfig, RouteService, TenantHeader,
+    BuildContext, ConfigError, HedgeBudgets, LinkConfig, Policy, ProviderConfig, ProviderServices,
+    RouteAnswer, RouteConfig, RouteService, TenantHeader,
 };
 use tower_llm::cost::{CostAnswer, QuotaStore};
 use tower_llm::idempotency::{IdempotencyLayer, IdempotentAnswer};
@@ -167,17 +167,13 @@ fn route_stack<Res: RouteAnswer + IdempotentAnswer + CostAnswer>(
     pick: fn(ProviderServices) -> RouteService<Res>,
 ) -> Result<RouteService<Res>, ConfigError> {
     let mut missing = false;
-    let svc = policy.build_route_with(
-        route,
-        with,
-        |p, link| match find(p, link) {
-            Some(services) => pick(services),
-            None => {
-                missing = true;
-                unavailable(&p.name)
-            }
-        },
-    )?;
+    let svc = policy.build_route_with(route, with, |p, link| match find(p, link) {
+        Some(services) => pick(services),
+        None => {
+            missing = true;
+            unavailable(&p.name)
+        }
+    })?;
     if missing {
         return Err(ConfigError::new(format!(
             "route \"{}\": a link's provider was not built",

@@ -16,9 +16,8 @@ use tower_llm::{GenAiMetrics, Metrics};
 use crate::config::{GatewayConfig, ServerPolicy};
 use crate::routes::{Bulkheads, KeySource, Routes, build};
 use crate::stores::{
-    Breakers, IdempotencyKey, QuotaKey, circuit_gauge, idempotency_of, lock, quota_of,
+    Breakers, IdempotencyKey, RunningQuota, circuit_gauge, idempotency_of, lock, quota_of,
 };
-use tower_llm::cost::QuotaStore;
 use crate::transport::Transport;
 
 /// The result of the last background probe of a provider.
@@ -54,7 +53,7 @@ pub struct Gateway {
     hedges: Mutex<HedgeBudgets>,
     /// The tenant quota store of `[quotas]` and what it was built from;
     /// kept across a reload while both are unchanged.
-    quota: Mutex<Option<(QuotaKey, Arc<dyn QuotaStore>)>>,
+    quota: Mutex<Option<RunningQuota>>,
     pub(crate) metrics: Metrics,
     pub(crate) genai: GenAiMetrics,
     pub(crate) registry: prometheus::Registry,
@@ -134,14 +133,14 @@ impl Gateway {
         let idempotency = idempotency_of(&config, &metrics)?;
         let layer = lock(&breaker).layer.clone();
         let hedges = HedgeBudgets::new();
-        let quota = quota_of(&config, None)?;
+        let quota = quota_of(&config, &meter, None)?;
         let routes = build(
             policy,
             settings,
             &layer,
             idempotency.as_ref().map(|(_, l)| l),
             &hedges,
-            quota.as_ref().map(|(_, q)| q),
+            quota.as_ref().map(|(_, q, _)| q),
             &metrics,
             &genai,
             &transport,
@@ -223,7 +222,7 @@ impl Gateway {
         // what it counted.
         let quota = {
             let running = lock(&self.quota);
-            quota_of(&config, running.as_ref())?
+            quota_of(&config, &self.meter, running.as_ref())?
         };
         let routes = build(
             policy,
@@ -231,7 +230,7 @@ impl Gateway {
             &layer,
             idempotency.as_ref().map(|(_, l)| l),
             &hedges,
-            quota.as_ref().map(|(_, q)| q),
+            quota.as_ref().map(|(_, q, _)| q),
             &self.metrics,
             &self.genai,
             &self.transport,

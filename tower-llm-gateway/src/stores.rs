@@ -12,7 +12,8 @@ use tower_llm::{ChatRequest, Link, Metrics};
 use tower_llm_breaker_redis::RedisBreakerStore;
 use tower_llm_idempotency_redis::RedisIdempotencyStore;
 
-use crate::config::{GatewayConfig, SharedBreakerPolicy, SharedIdempotencyPolicy};
+use crate::config::{GatewayConfig, SharedBreakerPolicy, SharedIdempotencyPolicy, SharedQuotas};
+use tower_llm_cost_redis::RedisQuota;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -183,22 +184,56 @@ pub(crate) fn idempotency_of(
 
 /// What a quota store was built from: kept across a reload while
 /// unchanged.
-pub(crate) type QuotaKey = QuotaConfig;
+pub(crate) type QuotaKey = (QuotaConfig, Option<SharedQuotas>);
 
-/// The tenant quota store of `[quotas]` (none without it): the running
-/// one when its settings are unchanged, else a new one.
+/// The `ai_router_quota_shared_store_up` gauge and the dropped-settles
+/// counter of a shared quota store, while it is the gateway's.
+pub(crate) type QuotaGauges = (
+    opentelemetry::metrics::ObservableGauge<u64>,
+    opentelemetry::metrics::ObservableCounter<u64>,
+);
+
+/// The running quota store.
+pub(crate) type RunningQuota = (QuotaKey, Arc<dyn QuotaStore>, Option<Arc<QuotaGauges>>);
+
+/// The tenant quota store of `[quotas]` (none without it), on Redis when
+/// `[quotas_shared]` says so: the running one when both are unchanged,
+/// else a new one (built inside the runtime).
 pub(crate) fn quota_of(
     config: &GatewayConfig,
-    running: Option<&(QuotaKey, Arc<dyn QuotaStore>)>,
-) -> Result<Option<(QuotaKey, Arc<dyn QuotaStore>)>, ConfigError> {
-    let Some(want) = config.policy.quotas.clone() else {
+    meter: &opentelemetry::metrics::Meter,
+    running: Option<&RunningQuota>,
+) -> Result<Option<RunningQuota>, ConfigError> {
+    let Some(quotas) = config.policy.quotas.clone() else {
         return Ok(None);
     };
-    if let Some((key, store)) = running {
+    let want = (quotas.clone(), config.settings.quotas_shared.clone());
+    if let Some((key, store, gauges)) = running {
         if *key == want {
-            return Ok(Some((want, store.clone())));
+            return Ok(Some((want, store.clone(), gauges.clone())));
         }
     }
-    let store: Arc<dyn QuotaStore> = Arc::new(MemoryQuota::new(want.clone()));
-    Ok(Some((want, store)))
+    let Some(shared) = &want.1 else {
+        let store: Arc<dyn QuotaStore> = Arc::new(MemoryQuota::new(quotas));
+        return Ok(Some((want, store, None)));
+    };
+    let mut builder = RedisQuota::builder(&shared.redis, quotas)
+        .map_err(|e| ConfigError::new(format!("quotas_shared.redis: {e}")))?;
+    if let Some(prefix) = &shared.prefix {
+        builder = builder.with_prefix(prefix.clone());
+    }
+    if let Some(share) = shared.local_share {
+        builder = builder.with_local_share(share);
+    }
+    let store = builder
+        .build()
+        .map_err(|e| ConfigError::new(format!("quotas_shared: {e}")))?;
+    tracing::info!(
+        target: "gateway",
+        redis = %shared.redacted(),
+        "tenant quotas are counted on Redis"
+    );
+    let gauges = Arc::new(store.register_metrics(meter));
+    let store: Arc<dyn QuotaStore> = Arc::new(store);
+    Ok(Some((want, store, Some(gauges))))
 }

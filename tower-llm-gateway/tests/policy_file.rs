@@ -120,6 +120,7 @@ fn the_readme_reference_sets_every_key_and_loads_as_it_is() {
         "prices.a.gpt-4o-mini.cached_input",
         "quotas.max_tokens",
         "quotas.tenants.acme.max_cost",
+        "quotas_shared.local_share",
     ] {
         assert!(all.contains(key), "{key} is not set by the reference");
     }

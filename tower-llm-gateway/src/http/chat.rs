@@ -21,8 +21,7 @@ use crate::server::Connection;
 
 use super::answer::{
     Held, Holding, MAX_REQUEST_BODY, error, failure_response, insert_answer_flags, insert_attempts,
-    insert_cost,
-    now_unix, overloaded, too_large, unknown_route,
+    insert_cost, now_unix, overloaded, too_large, unknown_route,
 };
 use super::sse::sse;
 
@@ -184,7 +183,11 @@ pub(super) async fn chat(
         .get::<tower_llm::config::InboundHeaders>()
         .and_then(|h| h.0.get(MAX_COST_HEADER))
     {
-        match value.to_str().ok().and_then(|v| v.parse::<tower_llm::Cost>().ok()) {
+        match value
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse::<tower_llm::Cost>().ok())
+        {
             Some(limit) if info.priced => {
                 tower_llm::Budget::new(limit).store(&mut req);
             }

@@ -225,7 +225,10 @@ table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;p
                     triple(|w| w.failovers),
                     sparkline(&series.latency, "latency"),
                     sparkline(&series.ttft, "time to first token"),
-                    match (policy.price(&link.provider, &link.model), spend.get(&(link.provider.as_str(), link.model.as_str()))) {
+                    match (
+                        policy.price(&link.provider, &link.model),
+                        spend.get(&(link.provider.as_str(), link.model.as_str()))
+                    ) {
                         (None, _) => "not priced".to_owned(),
                         (Some(_), spent) => format!("${:.6}", spent.copied().unwrap_or(0.0)),
                     },
@@ -263,7 +266,10 @@ fn spend_by_link(
     families: &[prometheus::proto::MetricFamily],
 ) -> std::collections::HashMap<(&str, &str), f64> {
     let mut spend = std::collections::HashMap::new();
-    for family in families.iter().filter(|f| f.name() == "ai_router_cost_total") {
+    for family in families
+        .iter()
+        .filter(|f| f.name() == "ai_router_cost_total")
+    {
         for metric in family.get_metric() {
             let label = |name: &str| {
                 metric

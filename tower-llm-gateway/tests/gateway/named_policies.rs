@@ -130,9 +130,15 @@ fn fields_and_values_without_a_meaning_here_are_refused_by_name() {
     );
     let e = refused(
         RETRY_POLICY,
-        &FALLBACK_POLICY.replace("\"max_total_cost\": \"...\"", "\"max_total_cost\": \"lots\""),
+        &FALLBACK_POLICY.replace(
+            "\"max_total_cost\": \"...\"",
+            "\"max_total_cost\": \"lots\"",
+        ),
     );
-    assert!(e.contains("max_total_cost: \"lots\" is not an amount of money"), "{e}");
+    assert!(
+        e.contains("max_total_cost: \"lots\" is not an amount of money"),
+        "{e}"
+    );
     let e = refused(
         &RETRY_POLICY.replace("REQUIRED_FOR_WRITE", "REQUIRED_ALWAYS"),
         FALLBACK_POLICY,

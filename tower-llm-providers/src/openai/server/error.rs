@@ -115,7 +115,8 @@ pub fn failure_response(f: &Failure) -> http::Response<http_body_util::Full<byte
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/json"),
     );
-    if status == http::StatusCode::SERVICE_UNAVAILABLE || status == http::StatusCode::TOO_MANY_REQUESTS
+    if status == http::StatusCode::SERVICE_UNAVAILABLE
+        || status == http::StatusCode::TOO_MANY_REQUESTS
     {
         if let Some(wait) = f.retry_after() {
             let secs = (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1);
