@@ -8,6 +8,7 @@ mod support;
 
 mod bad_input;
 mod chat;
+mod cost;
 mod examples;
 mod hostile;
 mod layers;
