@@ -9,7 +9,8 @@
 //!   a copy of the request, as any retrying policy must); the
 //!   `tower-resilience` crate's time limiter → retry → circuit breaker; and
 //!   tower-llm's full stack (deadline → fallback of 3 → retry → breaker,
-//!   per-call metrics on).
+//!   per-call metrics on); and that stack with cost layers (priced; with a
+//!   per-call budget; with a tenant quota in memory), paired against it.
 //!
 //! Each call clones a prepared request (as a caller that keeps its own
 //! copy does); the bare service pays the same clone, so "over bare" is what
@@ -21,7 +22,8 @@
 //! ```
 //!
 //! `TYPED_PROFILE=variant:calls` makes only that many calls of one variant
-//! (`bare`, `healthy`, `open`, `tower`, `resilience`) on the 20-message
+//! (`bare`, `healthy`, `open`, `tower`, `resilience`, `priced`, `budget`,
+//! `quota`) on the 20-message
 //! request and exits, for `valgrind --tool=callgrind` (instruction counts
 //! do not drift with the VM; see `scripts/instructions.py`).
 
@@ -36,12 +38,13 @@ use std::time::Duration;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tower::{Service, ServiceBuilder};
 use tower_llm::breaker::BreakerLayer;
+use tower_llm::cost::{BudgetLayer, CostLayer, Limits, MemoryQuota, QuotaConfig, QuotaStore};
 use tower_llm::deadline::DeadlineLayer;
 use tower_llm::fallback::{FallbackLayer, LinkSpec};
 use tower_llm::retry::RetryLayer;
 use tower_llm::{
-    ChatRequest, ChatResponse, Choice, Failure, FinishReason, Message, Metrics, ServiceBuilderExt,
-    Usage,
+    ChatRequest, ChatResponse, Choice, Cost, Failure, FinishReason, Message, Metrics, Price,
+    ServiceBuilderExt, Usage,
 };
 
 mod support;
@@ -83,7 +86,11 @@ impl Future for PendOnceFuture {
                 tool_calls: Vec::new(),
                 finish_reason: FinishReason::Stop,
             }],
-            usage: Usage::default(),
+            usage: Usage {
+                prompt_tokens: 10,
+                completion_tokens: 5,
+                cached_input_tokens: 0,
+            },
             latency: Duration::ZERO,
             attempts: Vec::new(),
         }))
@@ -116,7 +123,27 @@ fn bare() -> PendOnce {
 
 /// deadline (30 s, metrics on) → fallback (3 links) → retry → breaker.
 fn full_stack() -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
-    full_stack_with(BreakerLayer::new())
+    full_stack_with(BreakerLayer::new(), Costs::Off)
+}
+
+/// What the full stack does about cost.
+#[derive(Clone, Copy, PartialEq)]
+enum Costs {
+    /// No cost layer.
+    Off,
+    /// A cost layer on every link: each answer priced, nothing held.
+    Priced,
+    /// Priced, and each call held to a budget (`BudgetLayer`).
+    Budget,
+    /// Priced, and each attempt held to a tenant quota in memory.
+    Quota,
+}
+
+/// The full stack with cost layers as `costs` says.
+fn costed(
+    costs: Costs,
+) -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
+    full_stack_with(BreakerLayer::new(), costs)
 }
 
 /// The full stack with the primary's circuit open: each call fails fast
@@ -124,7 +151,7 @@ fn full_stack() -> impl Service<ChatRequest, Response = ChatResponse, Error = Fa
 fn fast_failing() -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
     let breaker = BreakerLayer::new();
     let handle = breaker.handle();
-    let mut svc = full_stack_with(breaker);
+    let mut svc = full_stack_with(breaker, Costs::Off);
     let req = ChatRequest::new("gpt-4o", vec![Message::user("hi")]);
     call(&mut svc, &req);
     assert!(handle.isolate(&tower_llm::breaker::BreakerKey::new("openai", "gpt-4o")));
@@ -133,10 +160,34 @@ fn fast_failing() -> impl Service<ChatRequest, Response = ChatResponse, Error = 
 
 fn full_stack_with(
     breaker: BreakerLayer,
+    costs: Costs,
 ) -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
+    let price = Price::new(
+        Cost::from_dollars(2.5).expect("a price"),
+        Cost::from_dollars(10.0).expect("a price"),
+        None,
+    )
+    .expect("a price");
+    let quota: Arc<dyn QuotaStore> = Arc::new(MemoryQuota::new(QuotaConfig::new(
+        Duration::from_secs(86_400),
+        Limits {
+            max_cost: Cost::from_dollars(1e6),
+            max_tokens: None,
+        },
+    )));
+    let cost = match costs {
+        Costs::Off => None,
+        Costs::Priced | Costs::Budget => Some(CostLayer::new(price).with_max_output_tokens(1_024)),
+        Costs::Quota => Some(
+            CostLayer::new(price)
+                .with_max_output_tokens(1_024)
+                .with_quota(quota),
+        ),
+    };
     let link = || {
         ServiceBuilder::new()
             .llm_retry(RetryLayer::new())
+            .option_layer(cost.clone())
             .llm_breaker(breaker.clone())
             .service(bare())
     };
@@ -145,8 +196,11 @@ fn full_stack_with(
         .or(LinkSpec::new("bedrock", "nova-pro"), link())
         .build()
         .expect("valid chain");
+    let budget = (costs == Costs::Budget)
+        .then(|| BudgetLayer::new(Cost::from_dollars(1.0).expect("a budget")));
     ServiceBuilder::new()
         .layer(DeadlineLayer::new(Duration::from_secs(30)).with_metrics(Metrics::global()))
+        .option_layer(budget)
         .llm_fallback(fallback)
         .service(link())
 }
@@ -317,6 +371,9 @@ fn profile_only() {
         "open" => run(fast_failing(), &req, calls),
         "tower" => run(tower_peer(), &req, calls),
         "resilience" => run(resilience_peer(), &req, calls),
+        "priced" => run(costed(Costs::Priced), &req, calls),
+        "budget" => run(costed(Costs::Budget), &req, calls),
+        "quota" => run(costed(Costs::Quota), &req, calls),
         other => panic!("unknown TYPED_PROFILE variant {other:?}"),
     }
     std::process::exit(0);
@@ -352,6 +409,23 @@ fn main() {
             println!(
                 "  {variant:<44} {v:>8.0} ns  (bare {b:.0} ns, +{:.0} ns)",
                 v - b
+            );
+        }
+        // What cost layers add to the full stack, paired against it.
+        for (variant, costs) in [
+            ("priced (a cost layer per link)", Costs::Priced),
+            ("priced + a per-call budget", Costs::Budget),
+            ("priced + a tenant quota in memory", Costs::Quota),
+        ] {
+            let mut without = full_stack();
+            let mut with = costed(costs);
+            let (b, v) = paired(&mut without, &mut with, &req);
+            let (a0, _) = allocations(&mut without, &req);
+            let (a1, _) = allocations(&mut with, &req);
+            println!(
+                "  full stack + {variant:<34} {v:>8.0} ns  (full stack {b:.0} ns, +{:.0} ns, +{:.1} allocations)",
+                v - b,
+                a1 - a0
             );
         }
         let (ba, bb) = allocations(&mut plain, &req);

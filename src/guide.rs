@@ -15,6 +15,7 @@
 //! | [`providers`](crate::guide::providers) | OpenAI, Anthropic and Bedrock: wire formats, error classification, content filters, secrets, test doubles |
 //! | [`streaming`](crate::guide::streaming) | the commit point, timeouts, truncation, wire formats |
 //! | [`telemetry`](crate::guide::telemetry) | metrics, spans, trace propagation, wiring an SDK |
+//! | [`cost`](crate::guide::cost) | prices, one call's budget, tenant quotas (in process or on Redis), what each attempt is charged |
 //! | [`redis`](crate::guide::redis) | circuits and idempotent answers shared between replicas |
 //! | [`gateway`](crate::guide::gateway) | the gateway: running it, endpoints, errors, behaviour, server limits |
 //! | [`policy_file`](crate::guide::policy_file) | the policy file: every key, named policies, chains |
@@ -35,6 +36,9 @@ pub mod streaming {}
 
 #[doc = include_str!("../docs/telemetry.md")]
 pub mod telemetry {}
+
+#[doc = include_str!("../docs/cost.md")]
+pub mod cost {}
 
 #[doc = include_str!("../docs/redis.md")]
 pub mod redis {}

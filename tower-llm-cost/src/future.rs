@@ -2,7 +2,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
@@ -11,7 +10,7 @@ use tower_service::Service;
 
 use crate::CostAnswer;
 use crate::meter::Meter;
-use crate::quota::{QuotaStore, Reserve};
+use crate::quota::Reserve;
 
 pin_project! {
     /// The future of a [`CostService`](crate::CostService) call.
@@ -26,11 +25,8 @@ pin_project! {
     pub(crate) enum State<S: Service<R>, R> {
         Failed { failure: Option<Failure> },
         Reserving {
-            reserve: Reserve,
-            store: Arc<dyn QuotaStore>,
-            service: Option<S>,
-            req: Option<R>,
-            meter: Option<Meter>,
+            // Boxed: only calls held to a quota pay for its room.
+            reserving: Option<Box<Reserving<S, R>>>,
         },
         Running {
             #[pin]
@@ -38,6 +34,14 @@ pin_project! {
             meter: Option<Meter>,
         },
     }
+}
+
+/// An attempt waiting for its quota hold.
+pub(crate) struct Reserving<S, R> {
+    pub(crate) reserve: Reserve,
+    pub(crate) service: S,
+    pub(crate) req: R,
+    pub(crate) meter: Meter,
 }
 
 impl<S: Service<R>, R> CostFuture<S, R> {
@@ -77,20 +81,22 @@ where
                             .with_message("cost future polled after it ended")
                     })));
                 }
-                StateProj::Reserving {
-                    reserve,
-                    store,
-                    service,
-                    req,
-                    meter,
-                } => {
-                    let reserved = ready!(reserve.as_mut().poll(cx));
-                    let (Some(mut service), Some(req), Some(mut meter)) =
-                        (service.take(), req.take(), meter.take())
-                    else {
+                StateProj::Reserving { reserving } => {
+                    let Some(waiting) = reserving.as_mut() else {
                         return Poll::Ready(Err(Failure::new(FailureClass::InvalidResponse)
                             .with_message("cost future polled after it ended")));
                     };
+                    let reserved = ready!(waiting.reserve.as_mut().poll(cx));
+                    let Some(waiting) = reserving.take() else {
+                        return Poll::Ready(Err(Failure::new(FailureClass::InvalidResponse)
+                            .with_message("cost future polled after it ended")));
+                    };
+                    let Reserving {
+                        mut service,
+                        req,
+                        mut meter,
+                        ..
+                    } = *waiting;
                     match reserved {
                         Err(refusal) => {
                             // Releases the call budget's hold, charging nothing.
@@ -110,7 +116,7 @@ where
                                     "tenant quota passed (shadow mode: not refused)"
                                 );
                             }
-                            meter.quota = Some((store.clone(), hold));
+                            meter.quota = Some(Box::new(hold));
                             meter.sent = true;
                             let future = service.call(req);
                             this.state.set(State::Running {

@@ -4,10 +4,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use tower_llm_core::layer::{AttemptLogExt as _, MetricsExt as _};
-use tower_llm_core::telemetry::Metrics;
-use tower_llm_core::{AttemptLog, BudgetHold, Cost, Failure, FailureClass, Link, Price, Usage};
+use tower_llm_core::{AttemptLog, BudgetHold, Cost, Failure, FailureClass, Link, Usage};
 
-use crate::quota::{Ask, QuotaHold, QuotaStore};
+use crate::layer::Settings;
+use crate::quota::{Ask, QuotaHold};
 
 /// The worst case of one attempt, as held: input tokens (an upper bound)
 /// and output tokens (the cap), when known.
@@ -29,13 +29,15 @@ pub(crate) struct Estimate {
 /// that lost or a caller that left, may have reached the provider). What
 /// is charged is never more than what was held.
 pub struct Meter {
-    pub(crate) price: Price,
+    /// The layer's settings: the price, the quota store, the metrics.
+    pub(crate) shared: Arc<Settings>,
     pub(crate) estimate: Estimate,
     pub(crate) budget: Option<BudgetHold>,
-    pub(crate) quota: Option<(Arc<dyn QuotaStore>, QuotaHold)>,
+    /// The quota's hold (boxed: only calls held to a quota pay its room).
+    pub(crate) quota: Option<Box<QuotaHold>>,
     pub(crate) record: Option<(AttemptLog, usize)>,
+    /// The link, for the metric's labels (only when metrics are on).
     pub(crate) link: Option<Link>,
-    pub(crate) metrics: Metrics,
     /// The request went to the inner service.
     pub(crate) sent: bool,
     pub(crate) settled: bool,
@@ -44,7 +46,7 @@ pub struct Meter {
 impl fmt::Debug for Meter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Meter")
-            .field("price", &self.price)
+            .field("price", &self.shared.price)
             .field("estimate", &self.estimate)
             .field("budget", &self.budget)
             .field("settled", &self.settled)
@@ -66,7 +68,7 @@ impl Meter {
     fn estimated(&self, output: Option<u64>) -> Charge {
         let output = output.or(self.estimate.output).unwrap_or(0);
         Charge {
-            cost: self.price.tokens(self.estimate.input, 0, output),
+            cost: self.shared.price.tokens(self.estimate.input, 0, output),
             tokens: self.estimate.input.saturating_add(output),
             estimated: true,
         }
@@ -80,7 +82,7 @@ impl Meter {
     pub fn settle_usage(mut self, usage: Option<&Usage>, delivered: u64) -> Cost {
         let charge = match usage {
             Some(u) if self.believable(u, delivered) => Charge {
-                cost: self.price.cost(u),
+                cost: self.shared.price.cost(u),
                 tokens: u64::from(u.prompt_tokens) + u64::from(u.completion_tokens),
                 estimated: false,
             },
@@ -152,11 +154,11 @@ impl Meter {
             None => charge.cost,
         };
         let estimated = charge.estimated || cost < charge.cost;
-        if let Some((store, hold)) = self.quota.take() {
+        if let (Some(hold), Some(store)) = (self.quota.take(), &self.shared.quota) {
             let held = hold.held();
             let tokens = charge.tokens.min(held.tokens);
             store.settle(
-                hold,
+                *hold,
                 Ask {
                     cost: cost.min(held.cost),
                     tokens,
@@ -171,7 +173,7 @@ impl Meter {
         }
         if let Some(link) = &self.link {
             if cost > Cost::ZERO {
-                self.metrics.record_cost(link, cost);
+                self.shared.metrics.record_cost(link, cost);
             }
         }
         cost

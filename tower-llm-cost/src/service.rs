@@ -7,7 +7,7 @@ use tower_llm_core::layer::AttemptLogExt as _;
 use tower_llm_core::{AttemptLog, Budget, Cost, Failure, FailureClass, Link, Tenant};
 use tower_service::Service;
 
-use crate::future::{CostFuture, State};
+use crate::future::{CostFuture, Reserving, State};
 use crate::layer::Settings;
 use crate::meter::{Estimate, Meter};
 use crate::quota::Ask;
@@ -82,14 +82,18 @@ where
             output: cap.map(u64::from),
         };
         let record = AttemptLog::of(&req).and_then(|log| Some((log.clone(), log.in_flight()?)));
+        let link = if shared.metrics.is_enabled() {
+            Link::of(&req).cloned()
+        } else {
+            None
+        };
         let mut meter = Meter {
-            price: shared.price,
+            shared: shared.clone(),
             estimate,
             budget: None,
             quota: None,
             record,
-            link: Link::of(&req).cloned(),
-            metrics: shared.metrics.clone(),
+            link,
             sent: false,
             settled: false,
         };
@@ -125,7 +129,7 @@ where
                 }
             }
         }
-        let Some(store) = shared.quota.clone() else {
+        let Some(store) = &shared.quota else {
             meter.sent = true;
             return CostFuture::new(State::Running {
                 future: self.inner.call(req),
@@ -140,11 +144,12 @@ where
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
         CostFuture::new(State::Reserving {
-            reserve,
-            store,
-            service: Some(ready),
-            req: Some(req),
-            meter: Some(meter),
+            reserving: Some(Box::new(Reserving {
+                reserve,
+                service: ready,
+                req,
+                meter,
+            })),
         })
     }
 }

@@ -245,7 +245,12 @@ where
                 return Poll::Ready(finish(this.owned, result));
             };
             match (failed.class, failed.retry_after) {
-                (FailureClass::CircuitOpen | FailureClass::RateLimited, Some(wait)) => {
+                (
+                    FailureClass::CircuitOpen
+                    | FailureClass::RateLimited
+                    | FailureClass::TenantQuotaExhausted,
+                    Some(wait),
+                ) => {
                     failover.earliest = Some(failover.earliest.map_or(wait, |e| e.min(wait)));
                 }
                 _ => failover.all_waiting = false,

@@ -493,9 +493,6 @@ async fn a_tenant_over_its_quota_is_refused_with_a_429_and_other_tenants_still_p
 }
 
 #[tokio::test(start_paused = true)]
-#[ignore = "bug: the fallback layer drops a TenantQuotaExhausted failure's retry_after \
-            (tower-llm-fallback/src/future.rs, `match (failed.class, failed.retry_after)`: \
-            only CircuitOpen and RateLimited keep all_waiting), so a 429 quota_exceeded has no Retry-After"]
 async fn a_quota_refusal_says_when_to_retry_in_retry_after() {
     let h = start_text(Reply::openai_text("ok"), down(), |p, b| quotas(p, b, TINY)).await;
     assert_eq!(h.chat(HELLO).await.status, 200);
