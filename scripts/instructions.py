@@ -4,7 +4,7 @@ and of the typed bench's (`ChatRequest`, 20 messages, a terminal that
 pends once), counted by valgrind (deterministic: unlike nanoseconds on a
 shared VM, the figures do not move between runs).
 
-    python3 scripts/instructions.py
+    python3 scripts/instructions.py [stack|typed]
 
 Builds `benches/stack.rs` and `benches/typed.rs` (release), then runs each
 variant under `valgrind --tool=callgrind` twice, with N and 2N calls; the
@@ -34,6 +34,9 @@ TYPED_VARIANTS = [
     ("resilience", "tower-resilience limiter + retry + breaker"),
     ("healthy", "tower-llm full stack, healthy"),
     ("open", "tower-llm full stack, primary circuit open"),
+    ("priced", "tower-llm full stack + a cost layer per link"),
+    ("budget", "tower-llm full stack + cost layers + a budget"),
+    ("quota", "tower-llm full stack + cost layers + a quota in memory"),
 ]
 N = 1000
 
@@ -68,10 +71,13 @@ def main():
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (apt-get install -y valgrind)")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    only = sys.argv[1] if len(sys.argv) > 1 else None
     for bench, knob, variants, title in [
         ("stack", "STACK_PROFILE", STACK_VARIANTS, "http::Request, a terminal that answers at once"),
         ("typed", "TYPED_PROFILE", TYPED_VARIANTS, "ChatRequest of 20 messages, a terminal that pends once"),
     ]:
+        if only and only != bench:
+            continue
         binary = bench_binary(root, bench)
         with tempfile.TemporaryDirectory() as tmp:
             rows = []

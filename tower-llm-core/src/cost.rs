@@ -274,6 +274,14 @@ impl Price {
     /// output tokens cost, rounded up to the next nano-dollar.
     pub fn tokens(&self, input: u64, cached: u64, output: u64) -> Cost {
         let cached_price = self.cached_input.unwrap_or(self.input);
+        // Exact in 64 bits for any real call; 128 bits past that.
+        let fast = input
+            .checked_mul(self.input.0)
+            .and_then(|a| a.checked_add(cached.checked_mul(cached_price.0)?))
+            .and_then(|a| a.checked_add(output.checked_mul(self.output.0)?));
+        if let Some(per_million) = fast {
+            return Cost(per_million.div_ceil(1_000_000));
+        }
         let per_million = u128::from(input) * u128::from(self.input.0)
             + u128::from(cached) * u128::from(cached_price.0)
             + u128::from(output) * u128::from(self.output.0);
@@ -522,6 +530,9 @@ mod tests {
         assert!(serde_json::from_str::<Price>(r#"{"input": 1, "output": 2, "x": 1}"#).is_err());
         let huge = Price::new(Price::MAX_PER_MILLION, Price::MAX_PER_MILLION, None).unwrap();
         assert!(huge.tokens(u64::MAX, u64::MAX, u64::MAX) == Cost(u64::MAX));
+        // Past 64 bits the 128-bit path gives the same exact answer.
+        let tokens = 1_000_000_000_000u64;
+        assert_eq!(huge.tokens(tokens, 0, 0), Cost(tokens * 10_000 * NANOS / 1_000_000));
     }
 
     #[test]

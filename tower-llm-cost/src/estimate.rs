@@ -1,7 +1,9 @@
 //! [`CostRequest`]: what a request tells the cost layer about its worst
 //! case.
 
-use tower_llm_core::{ChatRequest, ContentPart, LlmRequest};
+use std::sync::Arc;
+
+use tower_llm_core::{ChatRequest, ContentPart, LlmRequest, Message, Tool};
 
 /// Tokens counted for each message's framing (role, separators): more
 /// than any provider's chat template adds.
@@ -41,6 +43,14 @@ pub trait CostRequest: LlmRequest {
     /// At least as many tokens as the provider will bill as input.
     fn input_tokens_bound(&self) -> u64;
 
+    /// The same bound, to be computed later if at all: an attempt held to
+    /// no budget or quota needs it only when its answer brings no usage.
+    /// The default computes it now; [`ChatRequest`] keeps its shared
+    /// message list (a reference count) instead.
+    fn input_bound_later(&self) -> InputBound {
+        InputBound::known(self.input_tokens_bound())
+    }
+
     /// The request's own cap on output tokens, if it has one.
     fn max_output_tokens(&self) -> Option<u32>;
 
@@ -49,8 +59,80 @@ pub trait CostRequest: LlmRequest {
     fn cap_output_tokens(&mut self, cap: u32);
 }
 
+/// An upper bound of a request's input tokens, known now or computed
+/// when first asked ([`CostRequest::input_bound_later`]).
+#[derive(Debug, Clone)]
+pub struct InputBound(Bound);
+
+#[derive(Debug, Clone)]
+enum Bound {
+    Known(u64),
+    Chat(Arc<Vec<Message>>, Arc<Vec<Tool>>),
+}
+
+impl InputBound {
+    /// A bound of `tokens`.
+    pub fn known(tokens: u64) -> Self {
+        InputBound(Bound::Known(tokens))
+    }
+
+    /// The bound of a chat request, computed when asked.
+    pub fn chat(req: &ChatRequest) -> Self {
+        InputBound(Bound::Chat(req.messages.clone(), req.tools.clone()))
+    }
+
+    /// The bound, in tokens.
+    pub fn get(&self) -> u64 {
+        match &self.0 {
+            Bound::Known(tokens) => *tokens,
+            Bound::Chat(messages, tools) => chat_bound(messages, tools),
+        }
+    }
+}
+
 fn len(s: &str) -> u64 {
     s.len() as u64
+}
+
+/// [`CostRequest::input_tokens_bound`] of a chat request: one pass over
+/// the messages adding lengths (text is by far the common part).
+fn chat_bound(messages: &[Message], tools: &[Tool]) -> u64 {
+    let mut bytes = 0usize;
+    let mut parts = 0u64;
+    let mut extra = 0u64;
+    for m in messages {
+        match m.content.as_slice() {
+            [ContentPart::Text { text }] => bytes += text.len(),
+            content => {
+                for part in content {
+                    match part {
+                        ContentPart::Text { text } => bytes += text.len(),
+                        _ => parts += 1,
+                    }
+                }
+            }
+        }
+        if !m.tool_calls.is_empty() || m.tool_call_id.is_some() {
+            for call in &m.tool_calls {
+                extra += MESSAGE_OVERHEAD_TOKENS + len(&call.id) + len(&call.name);
+                extra += len(&call.arguments);
+            }
+            extra += m.tool_call_id.as_deref().map_or(0, len);
+        }
+    }
+    for tool in tools {
+        let mut params = Count(0);
+        // Writing to a counter cannot fail; a value that cannot be
+        // encoded counts what was written before.
+        let _ = serde_json::to_writer(&mut params, &tool.parameters);
+        extra += MESSAGE_OVERHEAD_TOKENS + len(&tool.name) + params.0;
+        extra += tool.description.as_deref().map_or(0, len);
+    }
+    REQUEST_OVERHEAD_TOKENS
+        + MESSAGE_OVERHEAD_TOKENS * messages.len() as u64
+        + bytes as u64
+        + IMAGE_TOKENS * parts
+        + extra
 }
 
 /// Counts the bytes serde writes, writing nowhere.
@@ -69,33 +151,11 @@ impl std::io::Write for Count {
 
 impl CostRequest for ChatRequest {
     fn input_tokens_bound(&self) -> u64 {
-        let mut tokens = REQUEST_OVERHEAD_TOKENS;
-        for m in self.messages.iter() {
-            tokens += MESSAGE_OVERHEAD_TOKENS;
-            for part in &m.content {
-                tokens += match part {
-                    ContentPart::Text { text } => len(text),
-                    ContentPart::ImageUrl { .. } => IMAGE_TOKENS,
-                    // A part kind added later: count it as an image.
-                    #[allow(unreachable_patterns)]
-                    _ => IMAGE_TOKENS,
-                };
-            }
-            for call in &m.tool_calls {
-                tokens += MESSAGE_OVERHEAD_TOKENS + len(&call.id) + len(&call.name);
-                tokens += len(&call.arguments);
-            }
-            tokens += m.tool_call_id.as_deref().map_or(0, len);
-        }
-        for tool in self.tools.iter() {
-            let mut params = Count(0);
-            // Writing to a counter cannot fail; a value that cannot be
-            // encoded counts what was written before.
-            let _ = serde_json::to_writer(&mut params, &tool.parameters);
-            tokens += MESSAGE_OVERHEAD_TOKENS + len(&tool.name) + params.0;
-            tokens += tool.description.as_deref().map_or(0, len);
-        }
-        tokens
+        chat_bound(&self.messages, &self.tools)
+    }
+
+    fn input_bound_later(&self) -> InputBound {
+        InputBound::chat(self)
     }
 
     fn max_output_tokens(&self) -> Option<u32> {

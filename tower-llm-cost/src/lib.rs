@@ -32,7 +32,7 @@
 //! | the attempt | charged |
 //! |---|---|
 //! | answered, with usage that can be right | its usage at the link's price |
-//! | answered without usage, or with usage that cannot be right (more input than the bound, more output than the cap, fewer output tokens than content pieces delivered) | the whole estimate, flagged [`cost_estimated`](tower_llm_core::AttemptRecord::cost_estimated) |
+//! | answered without usage, or with usage that cannot be right (more output than the cap, fewer output tokens than content pieces delivered, or, when held to a budget or quota, more input than the bound) | the whole estimate, flagged [`cost_estimated`](tower_llm_core::AttemptRecord::cost_estimated) |
 //! | a stream cut (an error item, or dropped by its reader) before its usage came | the input estimate and one output token per byte delivered (at most the cap), flagged |
 //! | an error status from the provider (4xx, 5xx, 429) | nothing: providers bill no generation for it |
 //! | never sent (open circuit, refused by budget or quota) | nothing |
@@ -90,7 +90,9 @@ mod quota;
 mod service;
 
 pub use answer::CostAnswer;
-pub use estimate::{CostRequest, IMAGE_TOKENS, MESSAGE_OVERHEAD_TOKENS, REQUEST_OVERHEAD_TOKENS};
+pub use estimate::{
+    CostRequest, IMAGE_TOKENS, InputBound, MESSAGE_OVERHEAD_TOKENS, REQUEST_OVERHEAD_TOKENS,
+};
 pub use future::CostFuture;
 pub use layer::{BudgetLayer, CostLayer};
 pub use memory::MemoryQuota;

@@ -6,15 +6,19 @@ use std::sync::Arc;
 use tower_llm_core::layer::{AttemptLogExt as _, MetricsExt as _};
 use tower_llm_core::{AttemptLog, BudgetHold, Cost, Failure, FailureClass, Link, Usage};
 
+use crate::estimate::InputBound;
 use crate::layer::Settings;
 use crate::quota::{Ask, QuotaHold};
 
 /// The worst case of one attempt, as held: input tokens (an upper bound)
 /// and output tokens (the cap), when known.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Estimate {
-    pub(crate) input: u64,
+    pub(crate) input: InputBound,
     pub(crate) output: Option<u64>,
+    /// Held on a budget or quota: usage is checked against the input
+    /// bound too (unheld, the provider's usage is what it bills).
+    pub(crate) held: bool,
 }
 
 /// One attempt's holds (on the call's budget and the tenant's quota) and
@@ -67,9 +71,10 @@ impl Meter {
     /// The estimate of `output` output tokens (the cap when `None`).
     fn estimated(&self, output: Option<u64>) -> Charge {
         let output = output.or(self.estimate.output).unwrap_or(0);
+        let input = self.estimate.input.get();
         Charge {
-            cost: self.shared.price.tokens(self.estimate.input, 0, output),
-            tokens: self.estimate.input.saturating_add(output),
+            cost: self.shared.price.tokens(input, 0, output),
+            tokens: input.saturating_add(output),
             estimated: true,
         }
     }
@@ -135,16 +140,16 @@ impl Meter {
         self.finish(charge)
     }
 
-    /// `true` when `usage` can be right: some usage at all, no more input
-    /// than the bound, no more output than the cap, and at least one
-    /// output token per delivered piece.
+    /// `true` when `usage` can be right: some usage at all, no more output
+    /// than the cap, at least one output token per delivered piece and,
+    /// for a held attempt, no more input than the bound.
     fn believable(&self, u: &Usage, delivered: u64) -> bool {
         let input = u64::from(u.prompt_tokens);
         let output = u64::from(u.completion_tokens);
         (input > 0 || output > 0)
-            && input <= self.estimate.input
             && self.estimate.output.is_none_or(|cap| output <= cap)
             && output >= delivered
+            && (!self.estimate.held || input <= self.estimate.input.get())
     }
 
     fn finish(&mut self, charge: Charge) -> Cost {

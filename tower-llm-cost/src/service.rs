@@ -11,7 +11,7 @@ use crate::future::{CostFuture, Reserving, State};
 use crate::layer::Settings;
 use crate::meter::{Estimate, Meter};
 use crate::quota::Ask;
-use crate::{CostAnswer, CostRequest};
+use crate::{CostAnswer, CostRequest, InputBound};
 
 /// The service of a [`CostLayer`](crate::CostLayer).
 #[derive(Clone)]
@@ -77,9 +77,19 @@ where
                 req.cap_output_tokens(cap);
             }
         }
+        let input = if held {
+            req.input_tokens_bound()
+        } else {
+            0
+        };
         let estimate = Estimate {
-            input: req.input_tokens_bound(),
+            input: if held {
+                InputBound::known(input)
+            } else {
+                req.input_bound_later()
+            },
             output: cap.map(u64::from),
+            held,
         };
         let record = AttemptLog::of(&req).and_then(|log| Some((log.clone(), log.in_flight()?)));
         let link = if shared.metrics.is_enabled() {
@@ -104,7 +114,7 @@ where
                 meter: Some(meter),
             });
         }
-        let Some(output) = estimate.output else {
+        let Some(output) = meter.estimate.output else {
             let class = if budget.is_some() {
                 FailureClass::CostBudgetExhausted
             } else {
@@ -117,8 +127,8 @@ where
             ));
         };
         let ask = Ask {
-            cost: shared.price.tokens(estimate.input, 0, output),
-            tokens: estimate.input.saturating_add(output),
+            cost: shared.price.tokens(input, 0, output),
+            tokens: input.saturating_add(output),
         };
         if let Some(budget) = &budget {
             match budget.hold(ask.cost) {
