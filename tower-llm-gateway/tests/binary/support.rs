@@ -112,3 +112,130 @@ pub(crate) async fn send(
     let body = res.into_body().collect().await.expect("body").to_bytes();
     (status, String::from_utf8_lossy(&body).into_owned())
 }
+
+/// A Redis reply, as the tests read them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Resp {
+    /// `+OK`.
+    Simple(String),
+    /// `-ERR ...`.
+    Error(String),
+    /// `:42`.
+    Int(i64),
+    /// A bulk string (`None`: nil).
+    Bulk(Option<Vec<u8>>),
+    /// An array (`None`: nil).
+    Array(Option<Vec<Resp>>),
+}
+
+impl Resp {
+    /// A bulk string's or a simple string's text.
+    pub(crate) fn text(&self) -> Option<String> {
+        match self {
+            Resp::Simple(s) => Some(s.clone()),
+            Resp::Bulk(Some(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        }
+    }
+}
+
+/// One reply parsed from the front of `buf`, and its length; `None`
+/// while `buf` holds less than a whole reply.
+fn parse_resp(buf: &[u8]) -> Option<(Resp, usize)> {
+    let end = buf.windows(2).position(|w| w == b"\r\n")?;
+    let line = std::str::from_utf8(&buf[1..end]).expect("a RESP line is text");
+    let after = end + 2;
+    match buf.first()? {
+        b'+' => Some((Resp::Simple(line.to_owned()), after)),
+        b'-' => Some((Resp::Error(line.to_owned()), after)),
+        b':' => Some((Resp::Int(line.parse().expect("an integer")), after)),
+        b'$' => {
+            let Ok(len) = usize::try_from(line.parse::<i64>().expect("a length")) else {
+                return Some((Resp::Bulk(None), after));
+            };
+            let data = buf.get(after..after + len)?;
+            buf.get(after + len..after + len + 2)?;
+            Some((Resp::Bulk(Some(data.to_vec())), after + len + 2))
+        }
+        b'*' => {
+            let Ok(n) = usize::try_from(line.parse::<i64>().expect("a count")) else {
+                return Some((Resp::Array(None), after));
+            };
+            let mut items = Vec::with_capacity(n);
+            let mut at = after;
+            for _ in 0..n {
+                let (item, used) = parse_resp(&buf[at..])?;
+                items.push(item);
+                at += used;
+            }
+            Some((Resp::Array(Some(items)), at))
+        }
+        other => panic!("not a RESP reply: {:?}", char::from(*other)),
+    }
+}
+
+/// Runs one command on the Redis at `url` (`redis://HOST:PORT`, no
+/// password) over a connection of its own (2 s at most); its reply.
+pub(crate) async fn redis_command(url: &str, args: &[&str]) -> Resp {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let addr = url.trim_start_matches("redis://").trim_end_matches('/');
+    let mut wire = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        wire.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        wire.extend_from_slice(arg.as_bytes());
+        wire.extend_from_slice(b"\r\n");
+    }
+    tokio::time::timeout(Duration::from_secs(2), async {
+        let mut conn = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connect to Redis");
+        conn.write_all(&wire).await.expect("send to Redis");
+        let mut buf = Vec::new();
+        loop {
+            if let Some((reply, _)) = parse_resp(&buf) {
+                return reply;
+            }
+            let mut chunk = [0_u8; 4096];
+            let n = conn.read(&mut chunk).await.expect("read from Redis");
+            assert!(n > 0, "Redis closed the connection mid-reply");
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    })
+    .await
+    .expect("Redis answers within 2 s")
+}
+
+/// As [`spawn`], with the binary's stderr (its log) written to `log`.
+pub(crate) async fn spawn_logged(
+    config: &std::path::Path,
+    args: &[&str],
+    log: &std::path::Path,
+) -> Binary {
+    let file = std::fs::File::create(log).expect("create the log file");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-llm-gateway"))
+        .arg("--config")
+        .arg(config)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("UPSTREAM_KEY", "sk-test-key")
+        .stdout(Stdio::piped())
+        .stderr(file)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the gateway binary starts");
+    let stdout = child.stdout.take().expect("its stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let url = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(at) = line.find("http://") {
+                return line[at..].trim().to_owned();
+            }
+        }
+        panic!("the gateway ended without listening");
+    })
+    .await
+    .expect("the gateway listens within 10 s");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Binary { url, child }
+}
