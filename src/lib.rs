@@ -148,8 +148,9 @@ pub mod hedge {
 pub mod cost {
     pub use tower_llm_cost::{
         Ask, BudgetLayer, CallBudget, CostAnswer, CostFuture, CostLayer, CostRequest, CostService,
-        Exhausted, IMAGE_TOKENS, InputBound, InvalidQuota, Limits, MESSAGE_OVERHEAD_TOKENS, MemoryQuota, Meter,
-        QuotaConfig, QuotaHold, QuotaRefusal, QuotaStore, REQUEST_OVERHEAD_TOKENS, Reserve,
+        Exhausted, IMAGE_TOKENS, InputBound, InvalidQuota, Limits, MESSAGE_OVERHEAD_TOKENS,
+        MemoryQuota, Meter, QuotaConfig, QuotaHold, QuotaRefusal, QuotaStore,
+        REQUEST_OVERHEAD_TOKENS, Reserve,
     };
 }
 

@@ -532,7 +532,10 @@ mod tests {
         assert!(huge.tokens(u64::MAX, u64::MAX, u64::MAX) == Cost(u64::MAX));
         // Past 64 bits the 128-bit path gives the same exact answer.
         let tokens = 1_000_000_000_000u64;
-        assert_eq!(huge.tokens(tokens, 0, 0), Cost(tokens * 10_000 * NANOS / 1_000_000));
+        assert_eq!(
+            huge.tokens(tokens, 0, 0),
+            Cost(tokens * 10_000 * NANOS / 1_000_000)
+        );
     }
 
     #[test]

@@ -77,11 +77,7 @@ where
                 req.cap_output_tokens(cap);
             }
         }
-        let input = if held {
-            req.input_tokens_bound()
-        } else {
-            0
-        };
+        let input = if held { req.input_tokens_bound() } else { 0 };
         let estimate = Estimate {
             input: if held {
                 InputBound::known(input)

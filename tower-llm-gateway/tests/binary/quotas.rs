@@ -56,24 +56,10 @@ const IN_FLIGHT: usize = 25;
 
 const HELLO: &str = r#"{"model": "metered", "messages": [{"role": "user", "content": "Hello"}]}"#;
 
-/// A quota refusal should carry `Retry-After` (the window's reset), but
-/// the fallback layer drops it: `tower-llm-fallback/src/future.rs` keeps
-/// a failure's wait for the chain's end only for a circuit open or a rate
-/// limit (`all_waiting` is cleared for any other class), and
-/// `Failure::set_all_links_failed` replaces `retry_after` with that
-/// (none). Adding `FailureClass::TenantQuotaExhausted` to the circuit
-/// open / rate limited arm there (line 248) gives every refusal here its
-/// Retry-After (checked). Until that is fixed, the tests count refusals
-/// without one instead of asserting there are none; set this to `false`
-/// then.
-const MISSING_RETRY_AFTER: bool = true;
-
-/// Checks the 429s of `b` carry a `Retry-After` (unless
-/// [`MISSING_RETRY_AFTER`]).
+/// Checks every 429 of `b` carries a `Retry-After` (the end of the
+/// quota's window).
 fn check_retry_after(b: &Burst) {
-    if !MISSING_RETRY_AFTER {
-        assert_eq!(b.refused_without_retry_after, 0, "{b:?}");
-    }
+    assert_eq!(b.refused_without_retry_after, 0, "{b:?}");
 }
 
 /// One test at a time in this file: four gateway processes and their
@@ -163,8 +149,7 @@ struct Burst {
     admitted: u64,
     /// 429 `quota_exceeded`s.
     refused: u64,
-    /// Of those, the ones without a `Retry-After` (see
-    /// [`MISSING_RETRY_AFTER`]).
+    /// Of those, the ones without a `Retry-After`.
     refused_without_retry_after: u64,
     /// The sum of the 200s' `x-llm-cost`, in nano-dollars.
     spent: u64,
