@@ -36,6 +36,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+use tower::layer::util::Identity;
 use tower::{Service, ServiceBuilder};
 use tower_llm::breaker::BreakerLayer;
 use tower_llm::cost::{BudgetLayer, CostLayer, Limits, MemoryQuota, QuotaConfig, QuotaStore};
@@ -123,27 +124,7 @@ fn bare() -> PendOnce {
 
 /// deadline (30 s, metrics on) → fallback (3 links) → retry → breaker.
 fn full_stack() -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
-    full_stack_with(BreakerLayer::new(), Costs::Off)
-}
-
-/// What the full stack does about cost.
-#[derive(Clone, Copy, PartialEq)]
-enum Costs {
-    /// No cost layer.
-    Off,
-    /// A cost layer on every link: each answer priced, nothing held.
-    Priced,
-    /// Priced, and each call held to a budget (`BudgetLayer`).
-    Budget,
-    /// Priced, and each attempt held to a tenant quota in memory.
-    Quota,
-}
-
-/// The full stack with cost layers as `costs` says.
-fn costed(
-    costs: Costs,
-) -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
-    full_stack_with(BreakerLayer::new(), costs)
+    full_stack_with(BreakerLayer::new())
 }
 
 /// The full stack with the primary's circuit open: each call fails fast
@@ -151,7 +132,7 @@ fn costed(
 fn fast_failing() -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
     let breaker = BreakerLayer::new();
     let handle = breaker.handle();
-    let mut svc = full_stack_with(breaker, Costs::Off);
+    let mut svc = full_stack_with(breaker);
     let req = ChatRequest::new("gpt-4o", vec![Message::user("hi")]);
     call(&mut svc, &req);
     assert!(handle.isolate(&tower_llm::breaker::BreakerKey::new("openai", "gpt-4o")));
@@ -160,14 +141,64 @@ fn fast_failing() -> impl Service<ChatRequest, Response = ChatResponse, Error = 
 
 fn full_stack_with(
     breaker: BreakerLayer,
-    costs: Costs,
 ) -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
-    let price = Price::new(
+    stack!(breaker, Identity::new(), Identity::new())
+}
+
+/// The full stack (deadline → `$outer` → fallback of 3 → per link retry →
+/// `$link` → breaker → the terminal), with layers of the caller's in the
+/// two places cost layers go (`Identity` for none: the same types).
+macro_rules! stack {
+    ($breaker:expr, $link:expr, $outer:expr) => {{
+        let breaker = $breaker;
+        let link_layer = $link;
+        let link = || {
+            ServiceBuilder::new()
+                .llm_retry(RetryLayer::new())
+                .layer(link_layer.clone())
+                .llm_breaker(breaker.clone())
+                .service(bare())
+        };
+        let fallback = FallbackLayer::builder(LinkSpec::new("openai", "gpt-4o"))
+            .or(LinkSpec::new("anthropic", "claude-sonnet-4-5"), link())
+            .or(LinkSpec::new("bedrock", "nova-pro"), link())
+            .build()
+            .expect("valid chain");
+        ServiceBuilder::new()
+            .layer(DeadlineLayer::new(Duration::from_secs(30)).with_metrics(Metrics::global()))
+            .layer($outer)
+            .llm_fallback(fallback)
+            .service(link())
+    }};
+}
+use stack;
+
+/// $2.50 / $10 per million tokens.
+fn price() -> Price {
+    Price::new(
         Cost::from_dollars(2.5).expect("a price"),
         Cost::from_dollars(10.0).expect("a price"),
         None,
     )
-    .expect("a price");
+    .expect("a price")
+}
+
+/// The full stack with a cost layer per link (each answer priced, nothing
+/// held).
+fn priced() -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
+    let cost = CostLayer::new(price()).with_max_output_tokens(1_024);
+    stack!(BreakerLayer::new(), cost, Identity::new())
+}
+
+/// Priced, and each call held to a budget (`BudgetLayer`).
+fn budgeted() -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
+    let cost = CostLayer::new(price()).with_max_output_tokens(1_024);
+    let budget = BudgetLayer::new(Cost::from_dollars(1.0).expect("a budget"));
+    stack!(BreakerLayer::new(), cost, budget)
+}
+
+/// Priced, and each attempt held to a tenant quota in memory.
+fn quota() -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
     let quota: Arc<dyn QuotaStore> = Arc::new(MemoryQuota::new(QuotaConfig::new(
         Duration::from_secs(86_400),
         Limits {
@@ -175,34 +206,10 @@ fn full_stack_with(
             max_tokens: None,
         },
     )));
-    let cost = match costs {
-        Costs::Off => None,
-        Costs::Priced | Costs::Budget => Some(CostLayer::new(price).with_max_output_tokens(1_024)),
-        Costs::Quota => Some(
-            CostLayer::new(price)
-                .with_max_output_tokens(1_024)
-                .with_quota(quota),
-        ),
-    };
-    let link = || {
-        ServiceBuilder::new()
-            .llm_retry(RetryLayer::new())
-            .option_layer(cost.clone())
-            .llm_breaker(breaker.clone())
-            .service(bare())
-    };
-    let fallback = FallbackLayer::builder(LinkSpec::new("openai", "gpt-4o"))
-        .or(LinkSpec::new("anthropic", "claude-sonnet-4-5"), link())
-        .or(LinkSpec::new("bedrock", "nova-pro"), link())
-        .build()
-        .expect("valid chain");
-    let budget = (costs == Costs::Budget)
-        .then(|| BudgetLayer::new(Cost::from_dollars(1.0).expect("a budget")));
-    ServiceBuilder::new()
-        .layer(DeadlineLayer::new(Duration::from_secs(30)).with_metrics(Metrics::global()))
-        .option_layer(budget)
-        .llm_fallback(fallback)
-        .service(link())
+    let cost = CostLayer::new(price())
+        .with_max_output_tokens(1_024)
+        .with_quota(quota);
+    stack!(BreakerLayer::new(), cost, Identity::new())
 }
 
 fn tower_peer() -> impl Service<ChatRequest, Response = ChatResponse> {
@@ -371,12 +378,25 @@ fn profile_only() {
         "open" => run(fast_failing(), &req, calls),
         "tower" => run(tower_peer(), &req, calls),
         "resilience" => run(resilience_peer(), &req, calls),
-        "priced" => run(costed(Costs::Priced), &req, calls),
-        "budget" => run(costed(Costs::Budget), &req, calls),
-        "quota" => run(costed(Costs::Quota), &req, calls),
+        "priced" => run(priced(), &req, calls),
+        "budget" => run(budgeted(), &req, calls),
+        "quota" => run(quota(), &req, calls),
         other => panic!("unknown TYPED_PROFILE variant {other:?}"),
     }
     std::process::exit(0);
+}
+
+/// One row: `with`, paired against the full stack without cost layers.
+fn cost_row<S: Service<ChatRequest>>(variant: &str, mut with: S, req: &ChatRequest) {
+    let mut without = full_stack();
+    let (b, v) = paired(&mut without, &mut with, req);
+    let (a0, _) = allocations(&mut without, req);
+    let (a1, _) = allocations(&mut with, req);
+    println!(
+        "  full stack + {variant:<34} {v:>8.0} ns  (full stack {b:.0} ns, +{:.0} ns, +{:.1} allocations)",
+        v - b,
+        a1 - a0
+    );
 }
 
 fn main() {
@@ -412,22 +432,9 @@ fn main() {
             );
         }
         // What cost layers add to the full stack, paired against it.
-        for (variant, costs) in [
-            ("priced (a cost layer per link)", Costs::Priced),
-            ("priced + a per-call budget", Costs::Budget),
-            ("priced + a tenant quota in memory", Costs::Quota),
-        ] {
-            let mut without = full_stack();
-            let mut with = costed(costs);
-            let (b, v) = paired(&mut without, &mut with, &req);
-            let (a0, _) = allocations(&mut without, &req);
-            let (a1, _) = allocations(&mut with, &req);
-            println!(
-                "  full stack + {variant:<34} {v:>8.0} ns  (full stack {b:.0} ns, +{:.0} ns, +{:.1} allocations)",
-                v - b,
-                a1 - a0
-            );
-        }
+        cost_row("priced (a cost layer per link)", priced(), &req);
+        cost_row("priced + a per-call budget", budgeted(), &req);
+        cost_row("priced + a tenant quota in memory", quota(), &req);
         let (ba, bb) = allocations(&mut plain, &req);
         println!("  allocations per call over bare ({ba:.1} allocations, {bb:.0} bytes):");
         for (variant, (a, bytes)) in [

@@ -66,26 +66,9 @@ where
 
     fn call(&mut self, mut req: R) -> Self::Future {
         let shared = &self.shared;
-        let budget = Budget::of(&req).cloned();
-        let held = budget.is_some() || shared.quota.is_some();
         let cap = match (req.max_output_tokens(), shared.max_output_tokens) {
             (Some(own), Some(cap)) => Some(own.min(cap)),
             (own, cap) => own.or(cap),
-        };
-        if held {
-            if let Some(cap) = cap {
-                req.cap_output_tokens(cap);
-            }
-        }
-        let input = if held { req.input_tokens_bound() } else { 0 };
-        let estimate = Estimate {
-            input: if held {
-                InputBound::known(input)
-            } else {
-                req.input_bound_later()
-            },
-            output: cap.map(u64::from),
-            held,
         };
         let record = AttemptLog::of(&req).and_then(|log| Some((log.clone(), log.in_flight()?)));
         let link = if shared.metrics.is_enabled() {
@@ -93,9 +76,37 @@ where
         } else {
             None
         };
+        let budget = Budget::of(&req);
+        if budget.is_none() && shared.quota.is_none() {
+            // Priced only: nothing to hold; the input bound is computed
+            // only if the answer brings no usage.
+            let meter = Meter {
+                shared: shared.clone(),
+                estimate: Estimate {
+                    input: req.input_bound_later(),
+                    output: cap.map(u64::from),
+                    held: false,
+                },
+                budget: None,
+                quota: None,
+                record,
+                link,
+                sent: true,
+                settled: false,
+            };
+            return CostFuture::new(State::Running {
+                future: self.inner.call(req),
+                meter: Some(meter),
+            });
+        }
+        let input = req.input_tokens_bound();
         let mut meter = Meter {
             shared: shared.clone(),
-            estimate,
+            estimate: Estimate {
+                input: InputBound::known(input),
+                output: cap.map(u64::from),
+                held: true,
+            },
             budget: None,
             quota: None,
             record,
@@ -103,14 +114,7 @@ where
             sent: false,
             settled: false,
         };
-        if !held {
-            meter.sent = true;
-            return CostFuture::new(State::Running {
-                future: self.inner.call(req),
-                meter: Some(meter),
-            });
-        }
-        let Some(output) = meter.estimate.output else {
+        let Some(output) = cap else {
             let class = if budget.is_some() {
                 FailureClass::CostBudgetExhausted
             } else {
@@ -122,18 +126,24 @@ where
                  nor the link caps its output tokens",
             ));
         };
+        let output = u64::from(output);
         let ask = Ask {
             cost: shared.price.tokens(input, 0, output),
             tokens: input.saturating_add(output),
         };
-        if let Some(budget) = &budget {
+        if let Some(budget) = budget {
             match budget.hold(ask.cost) {
                 Ok(hold) => meter.budget = Some(hold),
                 Err(left) => {
+                    let failure = budget_refusal(ask.cost, left, budget.limit());
                     drop(meter); // never sent: charges nothing
-                    return CostFuture::failed(budget_refusal(ask.cost, left, budget.limit()));
+                    return CostFuture::failed(failure);
                 }
             }
+        }
+        // The provider can then neither generate nor bill more than held.
+        if let Some(cap) = cap {
+            req.cap_output_tokens(cap);
         }
         let Some(store) = &shared.quota else {
             meter.sent = true;
