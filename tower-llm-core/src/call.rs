@@ -71,12 +71,21 @@ pub struct Call {
     pub(crate) attempt: u8,
     /// This copy is a hedge (rule 7).
     pub(crate) hedge: bool,
+    /// The values few calls carry (idempotency key, budget, tenant),
+    /// behind one pointer so the carrier stays small: every layer moves
+    /// and copies it.
+    pub(crate) extras: Option<Arc<Extras>>,
+}
+
+/// The carrier's rarer values.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Extras {
     /// The caller's idempotency key, if any.
-    pub(crate) idempotency: Option<IdempotencyKey>,
+    idempotency: Option<IdempotencyKey>,
     /// What the call may spend, if it is held to a budget.
-    pub(crate) budget: Option<Budget>,
+    budget: Option<Budget>,
     /// Who the call is for, as far as quotas go.
-    pub(crate) tenant: Option<Tenant>,
+    tenant: Option<Tenant>,
 }
 
 /// The idempotency key of a call (the `Idempotency-Key` header's value, or
@@ -128,16 +137,26 @@ impl IdempotencyKey {
 
     /// The key `req` carries, if any.
     pub fn of<R: LlmRequest + ?Sized>(req: &R) -> Option<&IdempotencyKey> {
-        req.call().and_then(|c| c.idempotency.as_ref())
+        req.call()?.extras()?.idempotency.as_ref()
     }
 
     /// Stores this key in `req`'s call.
     pub fn store<R: LlmRequest + ?Sized>(self, req: &mut R) {
-        req.call_mut().idempotency = Some(self);
+        req.call_mut().extras_mut().idempotency = Some(self);
     }
 }
 
 impl Call {
+    fn extras(&self) -> Option<&Extras> {
+        self.extras.as_deref()
+    }
+
+    /// The rarer values, to change (copied first if a request copy shares
+    /// them).
+    fn extras_mut(&mut self) -> &mut Extras {
+        Arc::make_mut(self.extras.get_or_insert_default())
+    }
+
     /// The call's deadline, if a deadline layer (or the caller) set one.
     pub fn deadline(&self) -> Option<Deadline> {
         self.deadline
@@ -376,7 +395,7 @@ impl Link {
 impl Budget {
     /// The budget of the call `req` carries, if any.
     pub fn of<R: LlmRequest + ?Sized>(req: &R) -> Option<&Budget> {
-        req.call().and_then(|c| c.budget.as_ref())
+        req.call()?.extras()?.budget.as_ref()
     }
 
     /// Stores this budget in the call `req` carries, unless the call has
@@ -384,26 +403,25 @@ impl Budget {
     /// force (a caller may lower a route's budget, never raise it).
     /// Returns the budget in force.
     pub fn store<R: LlmRequest + ?Sized>(self, req: &mut R) -> Budget {
-        let call = req.call_mut();
-        match &call.budget {
-            Some(existing) if existing.limit() <= self.limit() => existing.clone(),
-            _ => {
-                call.budget = Some(self.clone());
-                self
+        if let Some(existing) = Budget::of(req) {
+            if existing.limit() <= self.limit() {
+                return existing.clone();
             }
         }
+        req.call_mut().extras_mut().budget = Some(self.clone());
+        self
     }
 }
 
 impl Tenant {
     /// The tenant of the call `req` carries, if any.
     pub fn of<R: LlmRequest + ?Sized>(req: &R) -> Option<&Tenant> {
-        req.call().and_then(|c| c.tenant.as_ref())
+        req.call()?.extras()?.tenant.as_ref()
     }
 
     /// Stores this tenant in the call `req` carries.
     pub fn store<R: LlmRequest + ?Sized>(self, req: &mut R) {
-        req.call_mut().tenant = Some(self);
+        req.call_mut().extras_mut().tenant = Some(self);
     }
 }
 

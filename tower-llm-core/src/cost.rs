@@ -530,11 +530,11 @@ mod tests {
         assert!(serde_json::from_str::<Price>(r#"{"input": 1, "output": 2, "x": 1}"#).is_err());
         let huge = Price::new(Price::MAX_PER_MILLION, Price::MAX_PER_MILLION, None).unwrap();
         assert!(huge.tokens(u64::MAX, u64::MAX, u64::MAX) == Cost(u64::MAX));
-        // Past 64 bits the 128-bit path gives the same exact answer.
-        let tokens = 1_000_000_000_000u64;
+        // 10^9 tokens at 10^13 nano-dollars per million: 10^22 before the
+        // division (past 64 bits: the 128-bit path), 10^16 after.
         assert_eq!(
-            huge.tokens(tokens, 0, 0),
-            Cost(tokens * 10_000 * NANOS / 1_000_000)
+            huge.tokens(1_000_000_000, 0, 0),
+            Cost(10_000_000_000_000_000)
         );
     }
 
