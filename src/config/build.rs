@@ -319,7 +319,9 @@ impl Policy {
                         .service(inner),
                 ));
             };
-            let mut cost = CostLayer::new(price).with_metrics(metrics.clone());
+            let mut cost = CostLayer::new(price)
+                .with_metrics(metrics.clone())
+                .with_link(Link::new(link.provider.as_str(), link.model.as_str()));
             if let Some(cap) = route.max_output_tokens {
                 cost = cost.with_max_output_tokens(cap);
             }

@@ -396,9 +396,8 @@ impl Budget {
             ) {
                 Ok(_) => {
                     return Ok(BudgetHold {
-                        budget: self.clone(),
+                        budget: Some(self.clone()),
                         amount: amount.0,
-                        open: true,
                     });
                 }
                 Err(seen) => now = seen,
@@ -412,9 +411,9 @@ impl Budget {
 #[derive(Debug)]
 #[must_use = "a hold is released (charged nothing) when dropped"]
 pub struct BudgetHold {
-    budget: Budget,
+    /// The budget, until the hold is settled.
+    budget: Option<Budget>,
     amount: u64,
-    open: bool,
 }
 
 impl BudgetHold {
@@ -427,23 +426,21 @@ impl BudgetHold {
     /// releases the rest. Returns what was charged.
     pub fn settle(mut self, cost: Cost) -> Cost {
         let charged = cost.0.min(self.amount);
-        self.open = false;
-        let account = &self.budget.inner;
-        account.spent.fetch_add(charged, Ordering::AcqRel);
-        account
-            .used
-            .fetch_sub(self.amount - charged, Ordering::AcqRel);
+        if let Some(budget) = self.budget.take() {
+            let account = &budget.inner;
+            account.spent.fetch_add(charged, Ordering::AcqRel);
+            account
+                .used
+                .fetch_sub(self.amount - charged, Ordering::AcqRel);
+        }
         Cost(charged)
     }
 }
 
 impl Drop for BudgetHold {
     fn drop(&mut self) {
-        if self.open {
-            self.budget
-                .inner
-                .used
-                .fetch_sub(self.amount, Ordering::AcqRel);
+        if let Some(budget) = self.budget.take() {
+            budget.inner.used.fetch_sub(self.amount, Ordering::AcqRel);
         }
     }
 }

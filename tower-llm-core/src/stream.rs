@@ -113,9 +113,14 @@ impl ChatStream {
     /// collect them as they pass); everything else is kept.
     #[must_use]
     pub fn map_chunks(mut self, f: impl FnOnce(ChunkStream) -> ChunkStream) -> Self {
+        self.wrap_chunks(f);
+        self
+    }
+
+    /// [`map_chunks`](Self::map_chunks) in place.
+    pub fn wrap_chunks(&mut self, f: impl FnOnce(ChunkStream) -> ChunkStream) {
         let inner = std::mem::replace(&mut self.inner, Box::pin(Iter(Vec::new().into_iter())));
         self.inner = f(inner);
-        self
     }
 
     /// `true` when an idempotency layer replayed this stream from a stored

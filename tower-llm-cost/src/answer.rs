@@ -21,13 +21,13 @@ use crate::Meter;
 ///   records leave with it at its commit point, before it is charged: its
 ///   own attempt's cost reaches the budget, the quota and
 ///   `ai_router_cost_total`, not its record.
-pub trait CostAnswer: Sized {
-    /// This answer, charged through `meter`.
-    fn charge(self, meter: Meter) -> Self;
+pub trait CostAnswer {
+    /// Charges this answer through `meter` (a stream: when it ends).
+    fn charge(&mut self, meter: Meter);
 }
 
 impl CostAnswer for ChatResponse {
-    fn charge(self, meter: Meter) -> Self {
+    fn charge(&mut self, meter: Meter) {
         let delivered = u64::from(
             self.choices
                 .iter()
@@ -35,13 +35,12 @@ impl CostAnswer for ChatResponse {
         );
         let usage = Some(&self.usage).filter(|u| **u != Usage::default());
         meter.settle_usage(usage, delivered);
-        self
     }
 }
 
 impl CostAnswer for ChatStream {
-    fn charge(self, meter: Meter) -> Self {
-        self.map_chunks(|inner| {
+    fn charge(&mut self, meter: Meter) {
+        self.wrap_chunks(|inner| {
             Box::pin(Metered {
                 inner,
                 meter: Some(meter),
@@ -49,7 +48,7 @@ impl CostAnswer for ChatStream {
                 deltas: 0,
                 bytes: 0,
             }) as ChunkStream
-        })
+        });
     }
 }
 

@@ -132,7 +132,10 @@ where
                         return Poll::Ready(result);
                     };
                     return Poll::Ready(match result {
-                        Ok(answer) => Ok(answer.charge(meter)),
+                        Ok(mut answer) => {
+                            answer.charge(meter);
+                            Ok(answer)
+                        }
                         Err(failure) => {
                             meter.settle_failure(&failure);
                             Err(failure)

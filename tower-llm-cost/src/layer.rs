@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 use tower_llm_core::telemetry::Metrics;
-use tower_llm_core::{Cost, Price};
+use tower_llm_core::{Cost, Link, Price};
 
 use crate::quota::QuotaStore;
 use crate::service::{CallBudget, CostService};
@@ -51,6 +51,9 @@ pub(crate) struct Settings {
     pub(crate) max_output_tokens: Option<u32>,
     pub(crate) quota: Option<Arc<dyn QuotaStore>>,
     pub(crate) metrics: Metrics,
+    /// The labels of `ai_router_cost_total`, when the layer serves one
+    /// link (else the carrier's link, per call).
+    pub(crate) link: Option<Link>,
 }
 
 impl fmt::Debug for CostLayer {
@@ -73,6 +76,7 @@ impl CostLayer {
                 max_output_tokens: None,
                 quota: None,
                 metrics: Metrics::disabled(),
+                link: None,
             }),
         }
     }
@@ -84,6 +88,7 @@ impl CostLayer {
             max_output_tokens: s.max_output_tokens,
             quota: s.quota.clone(),
             metrics: s.metrics.clone(),
+            link: s.link.clone(),
         };
         f(&mut settings);
         CostLayer {
@@ -109,10 +114,20 @@ impl CostLayer {
         self.with(|s| s.quota = Some(store))
     }
 
-    /// Adds each attempt's cost to `ai_router_cost_total` on `metrics`.
+    /// Adds each attempt's cost to `ai_router_cost_total` on `metrics`,
+    /// labelled with the link the call carrier names (see
+    /// [`with_link`](Self::with_link)).
     #[must_use]
     pub fn with_metrics(self, metrics: Metrics) -> Self {
         self.with(|s| s.metrics = metrics)
+    }
+
+    /// Labels `ai_router_cost_total` with `link`'s provider and model
+    /// (for a layer in front of one link, as a fallback chain's links
+    /// are): no per-call copy of the carrier's link.
+    #[must_use]
+    pub fn with_link(self, link: Link) -> Self {
+        self.with(|s| s.link = Some(link))
     }
 
     /// The price.

@@ -15,7 +15,7 @@ use crate::quota::{Ask, QuotaHold};
 #[derive(Debug, Clone)]
 pub(crate) struct Estimate {
     pub(crate) input: InputBound,
-    pub(crate) output: Option<u64>,
+    pub(crate) output: Option<u32>,
     /// Held on a budget or quota: usage is checked against the input
     /// bound too (unheld, the provider's usage is what it bills).
     pub(crate) held: bool,
@@ -40,8 +40,9 @@ pub struct Meter {
     /// The quota's hold (boxed: only calls held to a quota pay its room).
     pub(crate) quota: Option<Box<QuotaHold>>,
     pub(crate) record: Option<(AttemptLog, usize)>,
-    /// The link, for the metric's labels (only when metrics are on).
-    pub(crate) link: Option<Link>,
+    /// The link, for the metric's labels: only when metrics are on and
+    /// the layer was given no link of its own (boxed: rare).
+    pub(crate) link: Option<Box<Link>>,
     /// The request went to the inner service.
     pub(crate) sent: bool,
     pub(crate) settled: bool,
@@ -70,7 +71,9 @@ struct Charge {
 impl Meter {
     /// The estimate of `output` output tokens (the cap when `None`).
     fn estimated(&self, output: Option<u64>) -> Charge {
-        let output = output.or(self.estimate.output).unwrap_or(0);
+        let output = output
+            .or(self.estimate.output.map(u64::from))
+            .unwrap_or(0);
         let input = self.estimate.input.get();
         Charge {
             cost: self.shared.price.tokens(input, 0, output),
@@ -103,7 +106,7 @@ impl Meter {
         let output = self
             .estimate
             .output
-            .map_or(delivered_bytes, |cap| cap.min(delivered_bytes));
+            .map_or(delivered_bytes, |cap| u64::from(cap).min(delivered_bytes));
         let charge = self.estimated(Some(output));
         self.finish(charge)
     }
@@ -147,7 +150,10 @@ impl Meter {
         let input = u64::from(u.prompt_tokens);
         let output = u64::from(u.completion_tokens);
         (input > 0 || output > 0)
-            && self.estimate.output.is_none_or(|cap| output <= cap)
+            && self
+                .estimate
+                .output
+                .is_none_or(|cap| output <= u64::from(cap))
             && output >= delivered
             && (!self.estimate.held || input <= self.estimate.input.get())
     }
@@ -176,8 +182,8 @@ impl Meter {
                 r.cost_estimated = estimated;
             });
         }
-        if let Some(link) = &self.link {
-            if cost > Cost::ZERO {
+        if cost > Cost::ZERO && self.shared.metrics.is_enabled() {
+            if let Some(link) = self.shared.link.as_ref().or(self.link.as_deref()) {
                 self.shared.metrics.record_cost(link, cost);
             }
         }

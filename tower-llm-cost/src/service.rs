@@ -71,8 +71,8 @@ where
             (own, cap) => own.or(cap),
         };
         let record = AttemptLog::of(&req).and_then(|log| Some((log.clone(), log.in_flight()?)));
-        let link = if shared.metrics.is_enabled() {
-            Link::of(&req).cloned()
+        let link = if shared.metrics.is_enabled() && shared.link.is_none() {
+            Link::of(&req).cloned().map(Box::new)
         } else {
             None
         };
@@ -84,7 +84,7 @@ where
                 shared: shared.clone(),
                 estimate: Estimate {
                     input: req.input_bound_later(),
-                    output: cap.map(u64::from),
+                    output: cap,
                     held: false,
                 },
                 budget: None,
@@ -104,7 +104,7 @@ where
             shared: shared.clone(),
             estimate: Estimate {
                 input: InputBound::known(input),
-                output: cap.map(u64::from),
+                output: cap,
                 held: true,
             },
             budget: None,
