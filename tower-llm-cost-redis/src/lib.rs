@@ -53,11 +53,12 @@
 //!   never waits.
 //!
 //! A reserve runs its script on a task of its own: if the reserve future
-//! is dropped (or gives up at the command timeout) before the reply, the
-//! task still sees the reply and queues the release of what was held. A
-//! reserve that got no reply at all queues a release of its hold id in
-//! the windows around this replica's clock, in case the script ran after
-//! all; failing that, the hold expires after `hold_secs`.
+//! is dropped (or stops waiting) before the reply, the task still sees
+//! the reply and queues the release of what was held. A reserve that got
+//! no reply at all queues a release of its hold id in the windows around
+//! this replica's clock (on the same connection, so it runs after the
+//! script if the script runs at all); failing that, the hold expires
+//! after `hold_secs`.
 //!
 //! Hold ids are unique per replica (a random 63-bit base of the process
 //! plus a counter).
@@ -67,17 +68,20 @@
 //! Exact while Redis answers: concurrent reserves from any number of
 //! replicas can never together hold or spend past a limit, because every
 //! open hold is counted by the script that admits the next one; a settle
-//! counts once. Amounts are nano-dollars and tokens, counted by Redis as
-//! integers; the comparison runs in Lua's doubles, exact up to 2^53
-//! (about 9 million dollars, or 9·10^15 tokens, per tenant and window);
-//! larger amounts are cut to it.
+//! counts once. A slow reply is still Redis answering: a reserve waits
+//! for it (up to the reserve timeout, below) and stays exact. Amounts are
+//! nano-dollars and tokens, counted by Redis as integers; the comparison
+//! runs in Lua's doubles, exact up to 2^53 (about 9 million dollars, or
+//! 9·10^15 tokens, per tenant and window); larger amounts are cut to it.
 //!
-//! Not exact: an attempt may spend more than it held (the store counts
+//! Not exact: a reserve whose reply has not come within the reserve
+//! timeout is counted in-process at the local share, that call alone
+//! (below); an attempt may spend more than it held (the store counts
 //! at most what was held, as `MemoryQuota` does); a hold nobody settles
 //! (a replica that crashed) counts until `hold_secs`; a settle dropped
 //! from a full queue (65,536 by default; [`RedisQuota::dropped_settles`],
 //! logged) never counts its spend and its hold counts until `hold_secs`;
-//! settles still queued when the store is dropped are run for one command
+//! settles still queued when the store is dropped are run for one op
 //! timeout at most, the rest lost the same way. Each replica reads the
 //! limits from its own [`QuotaConfig`](tower_llm_cost::QuotaConfig):
 //! give every replica the same one. The keys of one window are derived in
@@ -86,22 +90,63 @@
 //!
 //! # When Redis is down
 //!
-//! A command error or timeout (250 ms by default) switches the store at
-//! once, for that call too, to an in-process
-//! [`MemoryQuota`](tower_llm_cost::MemoryQuota) whose limits are the
-//! config's × the **local share** `s`
+//! Slow is not down. Redis counts as down on an error on the connection
+//! (refused, reset, closed), or when it does not answer a `PING` within
+//! the **op timeout** (250 ms by default;
+//! [`RedisQuotaBuilder::with_op_timeout`]). The `PING`s are the
+//! **probe**'s, a background task with a connection of its own (so they
+//! never wait behind this replica's commands), never the request path's:
+//! while reserves are in flight it pings, one at a time and at most one
+//! every quarter of the op timeout, and again when a reserve's reply has
+//! not come within the op timeout (measured from when the script is
+//! handed to the connection).
+//!
+//! A reserve waits for whichever comes first:
+//!
+//! - its reply: used, exact, however late;
+//! - Redis declared down (by the probe, or an error on the connection):
+//!   the call is counted in-process at the local share at once. A frozen
+//!   server (`SIGSTOP`, a partition) is found about 1¼ op timeouts after
+//!   a reserve is sent (the first `PING` after it froze gets no answer),
+//!   and no reserve waits longer than that for it;
+//! - the **reserve timeout** (2 s by default;
+//!   [`RedisQuotaBuilder::with_reserve_timeout`]) with Redis still
+//!   answering `PING`: this call alone is counted in-process at the local
+//!   share, the store stays shared, and
+//!   [`RedisQuota::late_reserves`] (the
+//!   `ai_router_quota_shared_store_late` counter,
+//!   [`RedisQuota::register_late_metric`]) counts it, logged (warn) at
+//!   the 1st, 2nd, 4th, 8th… A call never waits longer than the reserve
+//!   timeout (a caller's deadline, shorter, drops the reserve sooner).
+//!
+//! Either way, a hold Redis gives later is released in the background,
+//! and the spend of a call counted in-process is pushed to Redis once
+//! settled (below). Settles are the worker's: a reply later than the
+//! reserve timeout (at least the op timeout) makes the worker run the
+//! settle again later (it counts once) and ask the probe; only the probe
+//! or a connection error makes Redis down.
+//!
+//! What "slow" covers: this replica's own load (its tasks waiting to
+//! run, the queue on its one connection), and a server that answers
+//! `PING` but holds scripts back (`CLIENT PAUSE … WRITE`, what the tests
+//! use). A server that answers nothing for an op timeout (a long script,
+//! `DEBUG SLEEP`, `SIGSTOP`) cannot be told from a dead one in that time,
+//! and counts as down: raise the op timeout if such stalls are expected.
+//!
+//! While Redis is down, the store counts at once, for every call, in an
+//! in-process [`MemoryQuota`](tower_llm_cost::MemoryQuota) whose limits
+//! are the config's × the **local share** `s`
 //! ([`RedisQuotaBuilder::with_local_share`], 0 < s ≤ 1, default 1;
 //! [`with_replicas(n)`](RedisQuotaBuilder::with_replicas) sets 1/n).
 //! Logged once when it starts (warn) and once when it ends (info);
 //! [`RedisQuota::is_shared`] and the `ai_router_quota_shared_store_up`
 //! gauge ([`RedisQuota::register_metrics`]) read `false` / 0 meanwhile.
-//! No reserve waits longer than the command timeout, even on a frozen
-//! server.
 //!
 //! **The bound**: with N replicas each holding share s, while Redis is
 //! down the fleet may spend up to N·s·limit in a window on top of what
-//! Redis counted for it (with s = 1/N, one limit more at most). With
-//! Redis up, concurrent calls can never overspend beyond their open
+//! Redis counted for it (with s = 1/N, one limit more at most); calls
+//! past the reserve timeout count against the same in-process share.
+//! With Redis up, concurrent calls can never overspend beyond their open
 //! holds, which are counted: exact.
 //!
 //! The worker pings Redis with backoff (25 ms doubling to 2 s). When it
@@ -127,16 +172,26 @@
 //! hex keeps any id apart from any other. Both keys expire one window
 //! after their window ends.
 //!
-//! The connection, the reconnection backoff and the URL handling are
-//! [`tower_llm_redis`]'s, shared with every Redis-backed store of
-//! tower-llm.
+//! The URL handling, the reconnection backoff and the probe's connection
+//! are [`tower_llm_redis`]'s, shared with every Redis-backed store of
+//! tower-llm; the connection of reserves and settles is made from its
+//! client, connecting within the op timeout but with no response timeout
+//! of its own (each caller bounds its wait, as above).
 //!
 //! # Feature flags
 //!
 //! None.
 
+mod builder;
+mod error;
+mod inner;
+mod local;
+mod probe;
+mod reserve;
 mod scripts;
 mod store;
 mod worker;
 
-pub use store::{RedisQuota, RedisQuotaBuilder, RedisQuotaError, Usage};
+pub use builder::RedisQuotaBuilder;
+pub use error::RedisQuotaError;
+pub use store::{RedisQuota, Usage};

@@ -65,6 +65,45 @@ fn replica_timing_out(
         .expect("store")
 }
 
+/// A replica whose liveness probe gives up after `op_timeout` and whose
+/// reserves wait `reserve_timeout` at most.
+fn replica_waiting(
+    server: &RedisServer,
+    config: QuotaConfig,
+    share: f64,
+    op_timeout: Duration,
+    reserve_timeout: Duration,
+) -> RedisQuota {
+    RedisQuota::builder(&server.url(), config)
+        .expect("url")
+        .with_prefix("test:quota:")
+        .with_op_timeout(op_timeout)
+        .with_reserve_timeout(reserve_timeout)
+        .with_max_backoff(Duration::from_millis(50))
+        .with_local_share(share)
+        .build()
+        .expect("store")
+}
+
+/// Pauses every client's writes (scripts that write included) on
+/// `server` for `pause`, from a connection of the test's own: `PING`
+/// still answers at once; a reserve's script waits until the pause ends.
+async fn pause_writes(server: &RedisServer, pause: Duration) {
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connects");
+    let millis = pause.as_millis().to_string();
+    let _: String = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(&millis)
+        .arg("WRITE")
+        .query_async(&mut conn)
+        .await
+        .expect("CLIENT PAUSE");
+}
+
 fn tenant(id: &[u8]) -> Tenant {
     Tenant::new(id)
 }
@@ -274,6 +313,7 @@ impl tracing::Subscriber for Events {
 
 const WENT_DOWN: &str = "quota store: Redis unavailable";
 const CAME_BACK: &str = "quota store: Redis answers again";
+const LATE: &str = "quota store: a reserve got no reply within the reserve timeout";
 
 // One thread: the test's subscriber sees the store's tasks' events too.
 #[tokio::test(flavor = "current_thread")]
@@ -347,6 +387,9 @@ async fn a_frozen_redis_costs_a_reserve_one_op_timeout_at_most_then_the_local_sh
     let start = Instant::now();
     let local = q.reserve(&t, dollars(0.3)).await.expect("the local share");
     let took = start.elapsed();
+    eprintln!(
+        "frozen: the first reserve answered from the local share in {took:?} (op timeout {OP_TIMEOUT:?})"
+    );
     assert!(
         took < OP_TIMEOUT + Duration::from_millis(150),
         "reserve took {took:?}"
@@ -515,4 +558,140 @@ async fn a_new_window_makes_the_quota_whole_again_and_a_late_settle_lands_in_its
     q.settle(second, Ask::default());
     let usage = wait_usage(&q, &t, |u| u.held == Ask::default()).await;
     assert_eq!(usage.map(|u| u.spent), Some(Ask::default()));
+}
+
+// One thread: the test's subscriber sees the store's tasks' events too.
+#[tokio::test(flavor = "current_thread")]
+async fn a_slow_redis_that_answers_ping_keeps_the_store_shared_and_exact() {
+    let Some(server) = RedisServer::start("slow_but_alive") else {
+        return;
+    };
+    let events = Events::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    // A local share of 1: a replica counting in-process would admit the
+    // whole dollar on its own, twice the quota between the two.
+    let a = Arc::new(replica_timing_out(
+        &server,
+        config(LONG, 1.0),
+        1.0,
+        OP_TIMEOUT,
+    ));
+    let b = Arc::new(replica_timing_out(
+        &server,
+        config(LONG, 1.0),
+        1.0,
+        OP_TIMEOUT,
+    ));
+    let t = tenant(b"acme");
+    for q in [&a, &b] {
+        let warm = q.reserve(&t, Ask::default()).await.expect("fits");
+        q.settle(warm, Ask::default());
+    }
+
+    // Writes paused twice the op timeout: every reply comes late, PING
+    // answers at once.
+    let pause = OP_TIMEOUT * 2;
+    pause_writes(&server, pause).await;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..30 {
+        let q = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let t = t.clone();
+        tasks.push(tokio::spawn(async move {
+            let took = Instant::now();
+            let held = q.reserve(&t, dollars(0.1)).await.ok();
+            (held, took.elapsed())
+        }));
+    }
+    let (mut granted, mut slowest, mut fastest) = (0, Duration::ZERO, Duration::MAX);
+    for task in tasks {
+        let (held, took) = task.await.expect("task");
+        granted += usize::from(held.is_some());
+        slowest = slowest.max(took);
+        fastest = fastest.min(took);
+    }
+    eprintln!(
+        "slow but alive: {granted} of 30 reserves granted in {:?} (fastest {fastest:?}, slowest {slowest:?}; writes paused {pause:?}, op timeout {OP_TIMEOUT:?})",
+        start.elapsed()
+    );
+    assert!(
+        fastest >= pause - Duration::from_millis(50),
+        "a reply came before the pause ended: {fastest:?}"
+    );
+    assert!(slowest < Duration::from_secs(2), "{slowest:?}");
+    assert_eq!(granted, 10, "exact: ten dimes in the dollar");
+    assert!(a.is_shared() && b.is_shared(), "slow is not down");
+    assert_eq!(events.count(tracing::Level::WARN, WENT_DOWN), 0);
+    assert_eq!(a.late_reserves() + b.late_reserves(), 0);
+    let usage = a.shared_usage(&t).await.expect("Redis answers");
+    assert_eq!(usage.held.cost, usd(1.0), "{usage:?}");
+}
+
+// One thread: the test's subscriber sees the store's tasks' events too.
+#[tokio::test(flavor = "current_thread")]
+async fn a_reserve_past_the_reserve_timeout_counts_that_call_locally_and_the_store_stays_shared() {
+    let Some(server) = RedisServer::start("reserve_timeout") else {
+        return;
+    };
+    let events = Events::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    let reserve_timeout = Duration::from_millis(500);
+    let q = replica_waiting(&server, config(LONG, 1.0), 0.5, OP_TIMEOUT, reserve_timeout);
+    let t = tenant(b"acme");
+    let in_redis = q.reserve(&t, dollars(0.2)).await.expect("fits");
+
+    // Writes paused well past the reserve timeout; PING answers.
+    pause_writes(&server, Duration::from_millis(1_500)).await;
+    let start = Instant::now();
+    let local = q.reserve(&t, dollars(0.3)).await.expect("the local share");
+    let took = start.elapsed();
+    eprintln!("reserve timeout {reserve_timeout:?}: the late reserve answered in {took:?}");
+    assert!(
+        took >= reserve_timeout && took < reserve_timeout + Duration::from_millis(150),
+        "{took:?}"
+    );
+    assert!(q.is_shared(), "one late call does not make Redis down");
+    assert_eq!(q.late_reserves(), 1);
+    assert_eq!(q.local().held(&t).cost, usd(0.3), "counted in-process");
+    // The next one waits again, and is counted at the share too: 0.2 of
+    // the local half is left.
+    let refused = q
+        .reserve(&t, dollars(0.3))
+        .await
+        .expect_err("past the share");
+    assert_eq!(
+        (refused.exhausted, refused.left.cost),
+        (Exhausted::Cost, usd(0.2))
+    );
+    assert_eq!(q.late_reserves(), 2);
+    assert!(q.is_shared());
+    assert_eq!(
+        events.count(tracing::Level::WARN, LATE),
+        2,
+        "logged at 1 and 2"
+    );
+    assert_eq!(events.count(tracing::Level::WARN, WENT_DOWN), 0);
+    q.settle(local, dollars(0.25));
+    q.settle(in_redis, dollars(0.1));
+
+    // The pause ends: the late holds Redis gave are released, the
+    // in-process spend is pushed, the settle lands.
+    let usage = wait_usage(&q, &t, |u| {
+        u.held == Ask::default() && u.spent.cost == usd(0.35)
+    })
+    .await;
+    assert!(usage.is_some());
+    let hold = q
+        .reserve(&t, dollars(0.65))
+        .await
+        .expect("0.65 left, on Redis");
+    assert_eq!(q.local().held(&t), Ask::default(), "on Redis again");
+    assert!(
+        q.reserve(&t, dollars(0.01)).await.is_err(),
+        "all of it used"
+    );
+    q.settle(hold, Ask::default());
+    assert!(q.is_shared());
+    assert_eq!(events.count(tracing::Level::WARN, WENT_DOWN), 0);
+    assert_eq!(events.count(tracing::Level::WARN, LATE), 2);
 }
