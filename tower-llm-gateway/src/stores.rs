@@ -186,10 +186,14 @@ pub(crate) fn idempotency_of(
 /// unchanged.
 pub(crate) type QuotaKey = (QuotaConfig, Option<SharedQuotas>);
 
-/// The `ai_router_quota_shared_store_up` gauge and the dropped-settles
-/// counter of a shared quota store, while it is the gateway's.
+/// The `ai_router_quota_shared_store_up` gauge, and the dropped-settles
+/// and late-reserves counters of a shared quota store, while it is the
+/// gateway's.
 pub(crate) type QuotaGauges = (
-    opentelemetry::metrics::ObservableGauge<u64>,
+    (
+        opentelemetry::metrics::ObservableGauge<u64>,
+        opentelemetry::metrics::ObservableCounter<u64>,
+    ),
     opentelemetry::metrics::ObservableCounter<u64>,
 );
 
@@ -233,7 +237,10 @@ pub(crate) fn quota_of(
         redis = %shared.redacted(),
         "tenant quotas are counted on Redis"
     );
-    let gauges = Arc::new(store.register_metrics(meter));
+    let gauges = Arc::new((
+        store.register_metrics(meter),
+        store.register_late_metric(meter),
+    ));
     let store: Arc<dyn QuotaStore> = Arc::new(store);
     Ok(Some((want, store, Some(gauges))))
 }
