@@ -324,6 +324,8 @@ fn profile_only() {
         println!("sleep {}", std::mem::size_of::<tokio::time::Sleep>());
         println!("bare {}", size(bare(), &req));
         println!("healthy {}", size(full_stack(), &req));
+        println!("priced {}", size(priced(), &req));
+        println!("budgeted {}", size(budgeted(), &req));
         println!("resilience {}", size(resilience_peer(), &req));
         let breaker = BreakerLayer::new();
         println!(
