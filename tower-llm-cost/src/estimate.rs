@@ -67,7 +67,8 @@ pub struct InputBound(Bound);
 #[derive(Debug, Clone)]
 enum Bound {
     Known(u64),
-    Chat(Arc<Vec<Message>>, Arc<Vec<Tool>>),
+    /// The messages, and the tools when there are any.
+    Chat(Arc<Vec<Message>>, Option<Arc<Vec<Tool>>>),
 }
 
 impl InputBound {
@@ -78,14 +79,15 @@ impl InputBound {
 
     /// The bound of a chat request, computed when asked.
     pub fn chat(req: &ChatRequest) -> Self {
-        InputBound(Bound::Chat(req.messages.clone(), req.tools.clone()))
+        let tools = (!req.tools.is_empty()).then(|| req.tools.clone());
+        InputBound(Bound::Chat(req.messages.clone(), tools))
     }
 
     /// The bound, in tokens.
     pub fn get(&self) -> u64 {
         match &self.0 {
             Bound::Known(tokens) => *tokens,
-            Bound::Chat(messages, tools) => chat_bound(messages, tools),
+            Bound::Chat(messages, tools) => chat_bound(messages, tools.as_deref().map_or(&[], |t| t)),
         }
     }
 }
