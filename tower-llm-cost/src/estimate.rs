@@ -87,7 +87,9 @@ impl InputBound {
     pub fn get(&self) -> u64 {
         match &self.0 {
             Bound::Known(tokens) => *tokens,
-            Bound::Chat(messages, tools) => chat_bound(messages, tools.as_deref().map_or(&[], |t| t)),
+            Bound::Chat(messages, tools) => {
+                chat_bound(messages, tools.as_deref().map_or(&[], |t| t))
+            }
         }
     }
 }

@@ -71,9 +71,7 @@ struct Charge {
 impl Meter {
     /// The estimate of `output` output tokens (the cap when `None`).
     fn estimated(&self, output: Option<u64>) -> Charge {
-        let output = output
-            .or(self.estimate.output.map(u64::from))
-            .unwrap_or(0);
+        let output = output.or(self.estimate.output.map(u64::from)).unwrap_or(0);
         let input = self.estimate.input.get();
         Charge {
             cost: self.shared.price.tokens(input, 0, output),
