@@ -98,6 +98,7 @@ pub use layer::{BudgetLayer, CostLayer};
 pub use memory::MemoryQuota;
 pub use meter::Meter;
 pub use quota::{
-    Ask, Exhausted, InvalidQuota, Limits, QuotaConfig, QuotaHold, QuotaRefusal, QuotaStore, Reserve,
+    Ask, Exhausted, InvalidQuota, Limits, OVERFLOW_TENANT, QuotaConfig, QuotaHold, QuotaRefusal,
+    QuotaStore, Reserve,
 };
 pub use service::{CallBudget, CostService};

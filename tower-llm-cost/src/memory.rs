@@ -10,7 +10,9 @@ use tokio::time::Instant;
 use tower_llm_core::Cost;
 use tower_llm_core::Tenant;
 
-use crate::quota::{Ask, QuotaConfig, QuotaHold, QuotaRefusal, QuotaStore, Reserve};
+use crate::quota::{
+    Ask, OVERFLOW_TENANT, QuotaConfig, QuotaHold, QuotaRefusal, QuotaStore, Reserve,
+};
 
 /// Tenant quotas counted in this process: exact for one replica (every
 /// hold and settle is one short critical section), blind to others.
@@ -171,6 +173,18 @@ impl MemoryQuota {
         }
         buckets.next_id += 1;
         let id = buckets.next_id;
+        // Past `max_tenants` in this window, a tenant not yet counted is
+        // counted with the others like it.
+        let counted = buckets.by_tenant.contains_key(&(tenant.clone(), window))
+            || config.is_named(tenant.as_bytes())
+            || (buckets.by_tenant.len() as u64) < config.max_tenants;
+        let overflow;
+        let tenant = if counted {
+            tenant
+        } else {
+            overflow = Tenant::new(OVERFLOW_TENANT);
+            &overflow
+        };
         let bucket = buckets
             .by_tenant
             .entry((tenant.clone(), window))
@@ -308,6 +322,39 @@ mod tests {
             b.shadow_refusal().map(|r| r.exhausted),
             Some(Exhausted::Cost)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tenants_past_max_tenants_are_counted_together_in_bounded_memory() {
+        let mut config = QuotaConfig::new(
+            Duration::from_secs(3_600),
+            Limits {
+                max_cost: Some(usd(1.0)),
+                max_tokens: None,
+            },
+        )
+        .with_tenant(
+            "vip",
+            Limits {
+                max_cost: Some(usd(5.0)),
+                max_tokens: None,
+            },
+        );
+        config.max_tenants = 2;
+        let q = MemoryQuota::new(config);
+        let t = |id: &[u8]| Tenant::new(id);
+        assert!(q.try_reserve(&t(b"a"), ask(0.6, 0)).is_ok());
+        assert!(q.try_reserve(&t(b"b"), ask(0.6, 0)).is_ok());
+        // Two tenants counted: the third and fourth share one bucket.
+        assert!(q.try_reserve(&t(b"c"), ask(0.6, 0)).is_ok());
+        assert!(q.try_reserve(&t(b"d"), ask(0.6, 0)).is_err());
+        // Those already counted stay apart; a named one always is.
+        assert!(q.try_reserve(&t(b"a"), ask(0.3, 0)).is_ok());
+        assert!(q.try_reserve(&t(b"vip"), ask(4.0, 0)).is_ok());
+        for i in 0..1_000u32 {
+            let _ = q.try_reserve(&t(&i.to_be_bytes()), ask(0.0, 0));
+        }
+        assert!(q.lock().by_tenant.len() <= 4, "a, b, vip and the others");
     }
 
     #[tokio::test(start_paused = true)]

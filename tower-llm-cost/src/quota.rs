@@ -125,7 +125,24 @@ pub struct QuotaConfig {
     /// counts against others, its spend is still settled.
     #[serde(default = "default_hold_secs")]
     pub hold_secs: u64,
+    /// The most tenants counted apart in one window (default 100,000):
+    /// past it, every tenant not yet counted in the window is counted
+    /// with the others like it, together, under the default limits (a
+    /// tenant named in `tenants` is always counted apart). Tenant ids come
+    /// from clients: this bounds the memory (or Redis keys) they can make
+    /// a store hold.
+    #[serde(default = "default_max_tenants")]
+    pub max_tenants: u64,
 }
+
+const fn default_max_tenants() -> u64 {
+    100_000
+}
+
+/// The id under which the tenants past `max_tenants` are counted
+/// together: it holds a line feed, which no HTTP header value can, so no
+/// caller can name it.
+pub const OVERFLOW_TENANT: &[u8] = b"\n(tenants past max_tenants)";
 
 const fn default_hold_secs() -> u64 {
     900
@@ -143,6 +160,7 @@ impl QuotaConfig {
             tenants: BTreeMap::new(),
             shadow: false,
             hold_secs: default_hold_secs(),
+            max_tenants: default_max_tenants(),
         }
     }
 
@@ -158,6 +176,11 @@ impl QuotaConfig {
     pub fn with_tenant(mut self, tenant: impl Into<String>, limits: Limits) -> Self {
         self.tenants.insert(tenant.into(), limits);
         self
+    }
+
+    /// `true` when `tenant` has limits of its own in `tenants`.
+    pub fn is_named(&self, tenant: &[u8]) -> bool {
+        std::str::from_utf8(tenant).is_ok_and(|t| self.tenants.contains_key(t))
     }
 
     /// The limits of `tenant`.
@@ -198,6 +221,9 @@ impl QuotaConfig {
                 "window_secs = {}: must be 1 to {MAX_WINDOW_SECS} (366 days)",
                 self.window_secs
             )));
+        }
+        if self.max_tenants == 0 {
+            return Err(InvalidQuota("max_tenants = 0: must be at least 1".to_owned()));
         }
         if self.hold_secs == 0 || self.hold_secs > MAX_WINDOW_SECS {
             return Err(InvalidQuota(format!(

@@ -176,6 +176,21 @@ pub(super) async fn chat(
     let Some(info) = routes.info.get(&*req.model).cloned() else {
         return unknown_route(&req.model);
     };
+    // A tenant id is counted (and kept) by the quota store: bounded.
+    if routes.policy.quotas.is_some()
+        && req
+            .extensions
+            .get::<tower_llm::config::InboundHeaders>()
+            .and_then(|h| h.0.get(tower_llm::config::TENANT_HEADER))
+            .is_some_and(|v| v.len() > MAX_TENANT_BYTES)
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "the x-tenant-id header is longer than 256 bytes",
+            "invalid_request_error",
+            Some("invalid_tenant"),
+        );
+    }
     // `x-llm-max-cost`: the caller's budget for this call, which can
     // lower the route's (`Budget::store` keeps the lower), never raise it.
     if let Some(value) = req
@@ -286,6 +301,9 @@ pub(super) async fn chat(
         }
     }
 }
+
+/// The longest tenant id (`x-tenant-id`) a gateway with `[quotas]` takes.
+pub(crate) const MAX_TENANT_BYTES: usize = 256;
 
 /// The header with which a caller lowers a call's cost budget.
 pub(crate) const MAX_COST_HEADER: &str = "x-llm-max-cost";

@@ -521,6 +521,18 @@ async fn a_quota_refusal_says_when_to_retry_in_retry_after() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_tenant_id_over_256_bytes_is_a_400_without_a_call() {
+    let h = start_text(Reply::openai_text("ok"), down(), |p, b| quotas(p, b, TINY)).await;
+    let long = vec![b'x'; 257];
+    let a = send_raw(&h, HELLO, &[("x-tenant-id", &long)]).await;
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert!(a.body.contains("invalid_tenant"), "{}", a.body);
+    assert_eq!(h.primary.received().len(), 0);
+    let a = send_raw(&h, HELLO, &[("x-tenant-id", &long[..256])]).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_quota_in_shadow_mode_refuses_nothing() {
     let h = start_text(Reply::openai_text("ok"), down(), |p, b| {
         quotas(p, b, &format!("{TINY}\nshadow = true"))
