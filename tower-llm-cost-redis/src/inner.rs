@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use tokio::sync::{Notify, mpsc, watch};
 use tower_llm_core::{Cost, Tenant};
-use tower_llm_cost::{Ask, MemoryQuota, QuotaConfig};
+use tower_llm_cost::{Ask, MemoryQuota, OVERFLOW_TENANT, QuotaConfig};
 use tower_llm_redis::RedisSettings;
 
 use crate::scripts::{Counted, Scripts};
@@ -153,6 +153,26 @@ impl Inner {
     /// tenant's keys in one cluster slot).
     pub(crate) fn base(&self, tenant: &Tenant) -> String {
         self.redis.key(&format!("{{t{}}}:", hex(tenant.as_bytes())))
+    }
+
+    /// The prefix of the windows' sets of tenants counted apart:
+    /// `{prefix}tenants:` (the window index follows).
+    pub(crate) fn tenants_key(&self) -> String {
+        self.redis.key("tenants:")
+    }
+
+    /// The overflow tenant: where tenants past `max_tenants` are counted.
+    pub(crate) fn overflow() -> Tenant {
+        Tenant::new(OVERFLOW_TENANT)
+    }
+
+    /// `"1"` when `tenant` is named in the config (always counted apart).
+    pub(crate) fn named(&self, tenant: &Tenant) -> &'static str {
+        if self.config.is_named(tenant.as_bytes()) {
+            "1"
+        } else {
+            "0"
+        }
     }
 
     pub(crate) fn config(&self) -> &QuotaConfig {

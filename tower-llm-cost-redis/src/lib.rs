@@ -39,7 +39,9 @@
 //!
 //! - **reserve**: reads the server's clock (`TIME`), so replicas' clocks
 //!   do not matter: the window index and hold expiries are the server's.
-//!   It drops the window's expired holds, adds up what is spent and held,
+//!   It picks the keys the tenant counts in (its own, or past
+//!   `max_tenants` the overflow tenant's: below), drops the window's
+//!   expired holds, adds up what is spent and held,
 //!   checks the ask against the tenant's limits (a limit not set is not
 //!   checked) and, if it fits, adds the hold, all at once. It answers the
 //!   window index (the hold carries it: [`QuotaHold::window`](tower_llm_cost::QuotaHold::window))
@@ -63,12 +65,39 @@
 //! Hold ids are unique per replica (a random 63-bit base of the process
 //! plus a counter).
 //!
+//! # Tenants past `max_tenants`
+//!
+//! Tenant ids come from clients, so the tenants of a window are bounded,
+//! as [`MemoryQuota`](tower_llm_cost::MemoryQuota) bounds them: each
+//! window has a set of the tenant ids counted apart in it (a Redis set,
+//! exact; kept and expiring with the window's keys). The reserve script
+//! adds the tenant to it unless it is not there yet, is not named in
+//! [`QuotaConfig::tenants`](tower_llm_cost::QuotaConfig::tenants), and the
+//! set holds [`max_tenants`](tower_llm_cost::QuotaConfig::max_tenants) ids
+//! already: then the tenant is counted together with every other such
+//! tenant, as the tenant [`OVERFLOW_TENANT`](tower_llm_cost::OVERFLOW_TENANT),
+//! under the default limits, and the hold names that tenant (its settle,
+//! or its release, lands there). A named tenant is always counted apart
+//! (and, as in `MemoryQuota`, takes a place in the set: a window's set
+//! holds at most `max_tenants` plus the named tenants); a tenant counted
+//! apart stays so for the rest of the window, and a refused reserve
+//! counts its tenant in too. The check and the add are in the same
+//! script as the hold: exact and atomic across replicas, never more than
+//! `max_tenants` tenants counted apart (named ones aside), O(1) per call
+//! (`SISMEMBER`, `SCARD`, `SADD`). Spend counted in-process while Redis
+//! was down is pushed to the keys a reserve of its tenant would count in
+//! at that moment (the inner `MemoryQuota` bounds its tenants itself,
+//! with the same `max_tenants`; which tenants it counted apart may differ
+//! from Redis's). [`RedisQuota::shared_usage`] of a tenant counted
+//! together reads nothing: read the overflow tenant's.
+//!
 //! # What is exact, and what is not
 //!
 //! Exact while Redis answers: concurrent reserves from any number of
 //! replicas can never together hold or spend past a limit, because every
 //! open hold is counted by the script that admits the next one; a settle
-//! counts once. A slow reply is still Redis answering: a reserve waits
+//! counts once; the tenants counted apart in a window are exactly the
+//! first `max_tenants` (and the named ones), across replicas. A slow reply is still Redis answering: a reserve waits
 //! for it (up to the reserve timeout, below) and stays exact. Amounts are
 //! nano-dollars and tokens, counted by Redis as integers; the comparison
 //! runs in Lua's doubles, exact up to 2^53 (about 9 million dollars, or
@@ -84,9 +113,12 @@
 //! settles still queued when the store is dropped are run for one op
 //! timeout at most, the rest lost the same way. Each replica reads the
 //! limits from its own [`QuotaConfig`](tower_llm_cost::QuotaConfig):
-//! give every replica the same one. The keys of one window are derived in
-//! the scripts from the tenant's base key (`KEYS[1]`): use a standalone
-//! Redis (or one primary), not a cluster.
+//! give every replica the same one (with a `max_tenants` of its own, a
+//! replica counts new tenants apart up to its own bound). The keys of one
+//! window are derived in the scripts from the tenant's base key
+//! (`KEYS[1]`), and a reserve touches the window's set of tenants and the
+//! overflow tenant's keys too: use a standalone Redis (or one primary),
+//! not a cluster.
 //!
 //! # When Redis is down
 //!
@@ -168,9 +200,18 @@
 //!
 //! `{prefix}{t<hex of the tenant id>}:<window>:h` (a hash: spent, held,
 //! one field per open hold) and `…:z` (a sorted set of hold expiries);
-//! the prefix defaults to `tower-llm:quota:`. Tenant ids are opaque bytes:
-//! hex keeps any id apart from any other. Both keys expire one window
-//! after their window ends.
+//! `{prefix}tenants:<window>`, the set of the tenant ids (raw bytes)
+//! counted apart in the window; the prefix defaults to
+//! `tower-llm:quota:`. Tenant ids are opaque bytes: hex keeps any id apart
+//! from any other. All expire one window after their window ends.
+//!
+//! **The bound**: a window has at most `1 + 2·(max_tenants + named + 1)`
+//! keys (its set, two per tenant counted apart, two for the overflow
+//! tenant), whatever ids clients send; a window's keys live until the end
+//! of the next one, so at most twice that at once. With the default
+//! `max_tenants` (100,000) and ids of at most 256 bytes (what the gateway
+//! accepts), a window's set holds at most 25.6 MB of ids (plus Redis's
+//! overhead per member).
 //!
 //! The URL handling, the reconnection backoff and the probe's connection
 //! are [`tower_llm_redis`]'s, shared with every Redis-backed store of

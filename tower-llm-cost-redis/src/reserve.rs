@@ -114,14 +114,19 @@ impl Inner {
     async fn call_reserve(&self, tenant: &Tenant, id: u64, ask: Ask, limits: &Limits) -> Reply {
         let limit = |l: Option<u64>| l.map(|l| l.min(MAX_AMOUNT).to_string()).unwrap_or_default();
         let mut call = self.scripts.reserve.key(self.base(tenant));
-        call.arg(self.config.window_secs)
+        call.key(self.tenants_key())
+            .key(self.base(&Self::overflow()))
+            .arg(self.config.window_secs)
             .arg(self.config.hold_secs.saturating_mul(1000))
             .arg(id)
             .arg(ask.cost.nanos().min(MAX_AMOUNT))
             .arg(ask.tokens.min(MAX_AMOUNT))
             .arg(limit(limits.max_cost.map(Cost::nanos)))
             .arg(limit(limits.max_tokens))
-            .arg(if self.config.shadow { "1" } else { "0" });
+            .arg(if self.config.shadow { "1" } else { "0" })
+            .arg(self.named(tenant))
+            .arg(tenant.as_bytes())
+            .arg(self.config.max_tenants);
         let mut conn = self.conn.clone();
         let sent = Instant::now();
         let op_timeout = self.redis.op_timeout();
@@ -193,6 +198,9 @@ impl Inner {
                 })
             }
         };
+        // Past `max_tenants`, the hold is the overflow tenant's: its
+        // settle (or release) lands in the keys it was taken in.
+        let tenant = if r.overflow { Self::overflow() } else { tenant };
         let hold = QuotaHold::new(tenant, r.window, id, ask);
         match (r.held, refusal) {
             (true, None) => Ok(hold),
@@ -223,11 +231,12 @@ impl Inner {
         }
     }
 
-    /// Releases a hold Redis gave that nobody will use.
+    /// Releases a hold Redis gave that nobody will use (in the overflow
+    /// tenant's keys if it was taken there).
     fn release(&self, tenant: Tenant, r: &Reserved, id: u64) {
         if r.held {
             self.enqueue(Job::Settle {
-                tenant,
+                tenant: if r.overflow { Self::overflow() } else { tenant },
                 window: r.window,
                 id,
                 spent: Ask::default(),

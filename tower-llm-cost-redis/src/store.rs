@@ -132,7 +132,9 @@ impl RedisQuota {
 
     /// What `tenant` has spent and holds in the current window, as Redis
     /// counts it (expired holds purged first); `None` when Redis does not
-    /// answer within the op timeout. For operators and tests: the
+    /// answer within the op timeout. A tenant counted with the others
+    /// past `max_tenants` has nothing of its own: read
+    /// `Tenant::new(OVERFLOW_TENANT)`'s. For operators and tests: the
     /// request path never needs it.
     pub async fn shared_usage(&self, tenant: &Tenant) -> Option<Usage> {
         self.inner.usage(tenant).await

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tower_llm_core::Tenant;
 use tower_llm_redis::ShutdownSignal;
 
 use crate::inner::{Fail, Inner, Job, amount};
@@ -192,16 +193,25 @@ async fn run_batch(inner: &Arc<Inner>, jobs: Vec<Job>) -> (Vec<Job>, Result<(), 
 async fn run_job(inner: &Inner, job: &Job) -> Result<(), Fail> {
     let window_secs = inner.config().window_secs;
     let timeout = inner.write_timeout();
-    let settle = |tenant, window: u64, id: u64, cost: u64, tokens: u64, mode: &'static str| {
-        let mut call = inner.scripts.settle.key(inner.base(tenant));
-        call.arg(window)
-            .arg(window_secs)
-            .arg(id)
-            .arg(amount(cost))
-            .arg(amount(tokens))
-            .arg(mode);
-        call
-    };
+    let settle =
+        |tenant: &Tenant, window: u64, id: u64, cost: u64, tokens: u64, mode: &'static str| {
+            let mut call = inner.scripts.settle.key(inner.base(tenant));
+            call.arg(window)
+                .arg(window_secs)
+                .arg(id)
+                .arg(amount(cost))
+                .arg(amount(tokens))
+                .arg(mode);
+            if mode == "p" {
+                // A push counts where a reserve of the tenant would.
+                call.key(inner.tenants_key())
+                    .key(inner.base(&Inner::overflow()))
+                    .arg(inner.named(tenant))
+                    .arg(tenant.as_bytes())
+                    .arg(inner.config().max_tenants);
+            }
+            call
+        };
     match job {
         Job::Settle {
             tenant,
@@ -222,9 +232,18 @@ async fn run_job(inner: &Inner, job: &Job) -> Result<(), Fail> {
             inner.invoke::<i64>(&call, timeout).await.map(drop)
         }
         Job::Forget { tenant, window, id } => {
-            for w in [window.saturating_sub(1), *window, window.saturating_add(1)] {
-                let call = settle(tenant, w, *id, 0, 0, "h");
-                inner.invoke::<i64>(&call, timeout).await?;
+            // The hold, if taken, may be the overflow tenant's (a tenant
+            // past `max_tenants`; never a named one).
+            let overflow = Inner::overflow();
+            let mut tenants = vec![tenant];
+            if !inner.config().is_named(tenant.as_bytes()) && *tenant != overflow {
+                tenants.push(&overflow);
+            }
+            for t in tenants {
+                for w in [window.saturating_sub(1), *window, window.saturating_add(1)] {
+                    let call = settle(t, w, *id, 0, 0, "h");
+                    inner.invoke::<i64>(&call, timeout).await?;
+                }
             }
             Ok(())
         }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tower_llm_core::{Cost, Tenant};
-use tower_llm_cost::{Ask, Exhausted, Limits, QuotaConfig, QuotaHold, QuotaStore};
+use tower_llm_cost::{Ask, Exhausted, Limits, OVERFLOW_TENANT, QuotaConfig, QuotaHold, QuotaStore};
 use tower_llm_cost_redis::{RedisQuota, Usage};
 use tower_llm_test_support::{RedisServer, poll};
 
@@ -694,4 +694,197 @@ async fn a_reserve_past_the_reserve_timeout_counts_that_call_locally_and_the_sto
     assert!(q.is_shared());
     assert_eq!(events.count(tracing::Level::WARN, WENT_DOWN), 0);
     assert_eq!(events.count(tracing::Level::WARN, LATE), 2);
+}
+
+/// The keys under `prefix` on `server` (`SCAN`, never `KEYS`).
+async fn keys_under(server: &RedisServer, prefix: &str) -> Vec<String> {
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connects");
+    let mut keys = Vec::new();
+    let mut cursor = 0_u64;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1_000)
+            .query_async(&mut conn)
+            .await
+            .expect("SCAN");
+        keys.extend(batch);
+        if next == 0 {
+            return keys;
+        }
+        cursor = next;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_past_max_tenants_share_one_quota_across_replicas_in_bounded_keys() {
+    let Some(server) = RedisServer::start("max_tenants") else {
+        return;
+    };
+    let mut c = config(LONG, 1.0).with_tenant(
+        "vip",
+        Limits {
+            max_cost: Some(usd(5.0)),
+            max_tokens: None,
+        },
+    );
+    c.max_tenants = 3;
+    let a = replica(&server, c.clone(), 1.0);
+    let b = replica(&server, c, 1.0);
+    let overflow = tenant(OVERFLOW_TENANT);
+    let id = |i: u32| format!("client-{i}").into_bytes();
+    // The first three tenants, from either replica, are counted apart.
+    let mut first = Vec::new();
+    for i in 0..3 {
+        let q = if i % 2 == 0 { &a } else { &b };
+        let hold = q
+            .reserve(&tenant(&id(i)), dollars(0.6))
+            .await
+            .expect("fits");
+        assert_eq!(hold.tenant(), &tenant(&id(i)), "counted apart");
+        first.push(hold);
+    }
+    // The 47 next share one quota, whichever replica they come through:
+    // each spends 0.01 of the shared dollar.
+    for i in 3..50 {
+        let q = if i % 2 == 0 { &a } else { &b };
+        let hold = q
+            .reserve(&tenant(&id(i)), dollars(0.01))
+            .await
+            .expect("fits the shared quota");
+        assert_eq!(hold.tenant(), &overflow, "client-{i} is counted together");
+        q.settle(hold, dollars(0.01));
+    }
+    let usage = wait_usage(&a, &overflow, |u| {
+        u.held == Ask::default() && u.spent.cost == usd(0.47)
+    })
+    .await;
+    assert!(usage.is_some());
+    // One quota: what one of them spent, another one (new or not) cannot.
+    assert!(b.reserve(&tenant(b"newcomer"), dollars(0.6)).await.is_err());
+    let refused = a
+        .reserve(&tenant(&id(7)), dollars(0.6))
+        .await
+        .expect_err("0.53 left of the shared dollar");
+    assert_eq!(refused.left.cost, usd(0.53));
+    // A tenant counted together has no keys of its own.
+    let own = b.shared_usage(&tenant(&id(7))).await.expect("answers");
+    assert_eq!((own.spent, own.held), (Ask::default(), Ask::default()));
+    // Those counted apart stay apart, on either replica.
+    for (i, q) in [(0, &b), (1, &a), (2, &b)] {
+        let hold = q
+            .reserve(&tenant(&id(i)), dollars(0.4))
+            .await
+            .expect("its own 0.4 left");
+        assert_eq!(hold.tenant(), &tenant(&id(i)));
+        assert!(
+            q.reserve(&tenant(&id(i)), dollars(0.01)).await.is_err(),
+            "client-{i} full"
+        );
+        q.settle(hold, Ask::default());
+    }
+    // A named tenant is always counted apart, under its own limits.
+    let vip = tenant(b"vip");
+    let hold = b.reserve(&vip, dollars(4.0)).await.expect("its own limits");
+    assert_eq!(hold.tenant(), &vip);
+    assert_eq!(
+        a.shared_usage(&vip).await.map(|u| u.held.cost),
+        Some(usd(4.0))
+    );
+    b.settle(hold, dollars(1.0));
+    for hold in first {
+        a.settle(hold, dollars(0.1));
+    }
+    wait_usage(&a, &tenant(&id(2)), |u| u.held == Ask::default()).await;
+    wait_usage(&a, &vip, |u| u.held == Ask::default()).await;
+    // Bounded keys: the window's set of tenants, and two keys at most for
+    // each of the three, the named one and the overflow tenant; never
+    // one for the 47 others.
+    let keys = keys_under(&server, "test:quota:").await;
+    assert!(
+        keys.len() <= 1 + 2 * (3 + 1 + 1),
+        "{} keys: {keys:?}",
+        keys.len()
+    );
+    let hex = |id: &[u8]| id.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    for i in 3..50 {
+        assert!(
+            !keys.iter().any(|k| k.contains(&hex(&id(i)))),
+            "client-{i} has keys: {keys:?}"
+        );
+    }
+    assert!(keys.iter().any(|k| k.contains(&hex(OVERFLOW_TENANT))));
+    assert!(keys.iter().any(|k| k.contains(&hex(b"vip"))));
+    // Every key expires (one window after its window ends).
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connects");
+    for k in &keys {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(k)
+            .query_async(&mut conn)
+            .await
+            .expect("PTTL");
+        assert!(ttl > 0, "{k}: no expiry ({ttl})");
+    }
+    assert!(a.is_shared() && b.is_shared());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spend_counted_in_process_is_pushed_where_a_reserve_would_count_it() {
+    let Some(server) = RedisServer::start("max_tenants_push") else {
+        return;
+    };
+    let mut c = config(LONG, 1.0);
+    c.max_tenants = 1;
+    let q = replica_timing_out(&server, c, 1.0, OP_TIMEOUT);
+    let first = tenant(b"first");
+    let hold = q.reserve(&first, dollars(0.1)).await.expect("fits");
+    assert_eq!(hold.tenant(), &first);
+    q.settle(hold, dollars(0.1));
+    wait_usage(&q, &first, |u| u.spent.cost == usd(0.1)).await;
+
+    // Redis frozen: the in-process store counts `second` apart (it has
+    // room of its own); Redis's window has none left.
+    server.freeze(true);
+    let second = tenant(b"second");
+    let hold = q
+        .reserve(&second, dollars(0.5))
+        .await
+        .expect("the local share");
+    assert!(!q.is_shared());
+    assert_eq!(hold.tenant(), &second);
+    q.settle(hold, dollars(0.3));
+    server.freeze(false);
+    assert!(
+        poll(Duration::from_secs(5), || async { q.is_shared() }).await,
+        "shared again"
+    );
+    // Pushed to the overflow tenant's keys, where `second`'s reserves
+    // count from now on; `second` gets no keys of its own. The reserve
+    // sent to the frozen server ran when it woke, in the overflow
+    // tenant's keys too: released there.
+    let overflow = tenant(OVERFLOW_TENANT);
+    wait_usage(&q, &overflow, |u| {
+        u.held == Ask::default() && u.spent.cost == usd(0.3)
+    })
+    .await;
+    let own = q.shared_usage(&second).await.expect("answers");
+    assert_eq!(own.spent, Ask::default());
+    let hold = q.reserve(&second, dollars(0.7)).await.expect("0.7 left");
+    assert_eq!(hold.tenant(), &overflow);
+    assert!(q.reserve(&tenant(b"third"), dollars(0.01)).await.is_err());
+    q.settle(hold, Ask::default());
+    let hold = q.reserve(&first, dollars(0.9)).await.expect("its own 0.9");
+    assert_eq!(hold.tenant(), &first);
+    q.settle(hold, Ask::default());
 }
