@@ -223,7 +223,9 @@ impl QuotaConfig {
             )));
         }
         if self.max_tenants == 0 {
-            return Err(InvalidQuota("max_tenants = 0: must be at least 1".to_owned()));
+            return Err(InvalidQuota(
+                "max_tenants = 0: must be at least 1".to_owned(),
+            ));
         }
         if self.hold_secs == 0 || self.hold_secs > MAX_WINDOW_SECS {
             return Err(InvalidQuota(format!(
