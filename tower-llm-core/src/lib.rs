@@ -52,6 +52,7 @@
 //!
 //! [tower-llm]: https://docs.rs/tower-llm
 
+mod bound;
 mod call;
 mod chat;
 mod class;
@@ -69,6 +70,9 @@ mod retry_after;
 mod stream;
 pub mod telemetry;
 
+pub use bound::{
+    IMAGE_TOKENS, MESSAGE_OVERHEAD_TOKENS, REQUEST_OVERHEAD_TOKENS, input_tokens_bound,
+};
 pub use call::{Call, IdempotencyKey, LlmRequest};
 pub use chat::{
     ChatChunk, ChatRequest, ChatResponse, ChatResponseBuilder, Choice, ContentPart, FinishReason,

@@ -90,9 +90,7 @@ mod quota;
 mod service;
 
 pub use answer::CostAnswer;
-pub use estimate::{
-    CostRequest, IMAGE_TOKENS, InputBound, MESSAGE_OVERHEAD_TOKENS, REQUEST_OVERHEAD_TOKENS,
-};
+pub use estimate::{CostRequest, InputBound};
 pub use future::CostFuture;
 pub use layer::{BudgetLayer, CostLayer};
 pub use memory::MemoryQuota;
@@ -102,3 +100,4 @@ pub use quota::{
     QuotaStore, Reserve,
 };
 pub use service::{CallBudget, CostService};
+pub use tower_llm_core::{IMAGE_TOKENS, MESSAGE_OVERHEAD_TOKENS, REQUEST_OVERHEAD_TOKENS};

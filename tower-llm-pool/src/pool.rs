@@ -1,0 +1,447 @@
+//! [`Pool`]: deployments of one model behind one link.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::time::Instant;
+use tower::ServiceExt as _;
+use tower_llm_core::layer::AttemptLogExt as _;
+use tower_llm_core::{AttemptLog, ChatRequest, Deadline, Failure, FailureClass, Link, LlmRequest};
+use tower_llm_retry::{RandomSource, SplitMix64};
+use tower_service::Service;
+
+use crate::load::{Load, LoadSnapshot};
+use crate::pacer::Pacer;
+
+/// A request a pool can send to any of its deployments: it can be copied
+/// and told which model the deployment knows it by.
+pub trait PoolRequest: LlmRequest + Clone + Send + 'static {
+    /// Sends the request as `model`.
+    fn set_model(&mut self, model: &Arc<str>);
+
+    /// The tokens it may use at most (for pacing): an upper bound of its
+    /// input and its output cap. `None` when it cannot say.
+    fn estimated_tokens(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl PoolRequest for ChatRequest {
+    fn set_model(&mut self, model: &Arc<str>) {
+        self.model = model.clone();
+    }
+
+    fn estimated_tokens(&self) -> Option<u64> {
+        let input = tower_llm_core::input_tokens_bound(&self.messages, &self.tools);
+        Some(input + u64::from(self.max_tokens?))
+    }
+}
+
+/// One deployment of a pool: a name (its provider's name: the breaker key,
+/// the attempt record's provider, the metrics' label), the model it serves
+/// the pool's model as (when it differs), a weight, its pacing, and the
+/// service that calls it.
+pub struct Deployment<S> {
+    name: Arc<str>,
+    model: Option<Arc<str>>,
+    weight: u32,
+    pacer: Option<Arc<Pacer>>,
+    service: S,
+}
+
+impl<S> fmt::Debug for Deployment<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deployment")
+            .field("name", &self.name)
+            .field("model", &self.model)
+            .field("weight", &self.weight)
+            .field("pacer", &self.pacer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Deployment<S> {
+    /// The deployment `name` (its provider's name), called through
+    /// `service`, of weight 1, unpaced.
+    pub fn new(name: impl Into<Arc<str>>, service: S) -> Self {
+        Deployment {
+            name: name.into(),
+            model: None,
+            weight: 1,
+            pacer: None,
+            service,
+        }
+    }
+
+    /// Sends the pool's requests to this deployment as `model` (an Azure
+    /// deployment name, a regional model id).
+    #[must_use]
+    pub fn with_model(mut self, model: impl Into<Arc<str>>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// Chosen `weight` times as often as a deployment of weight 1 (at
+    /// least 1).
+    #[must_use]
+    pub fn with_weight(mut self, weight: u32) -> Self {
+        self.weight = weight.max(1);
+        self
+    }
+
+    /// Paced by `pacer` (share it with whatever observes the deployment's
+    /// rate-limit headers).
+    #[must_use]
+    pub fn with_pacer(mut self, pacer: Arc<Pacer>) -> Self {
+        self.pacer = Some(pacer);
+        self
+    }
+}
+
+/// How a pool picks a deployment.
+pub(crate) struct Member<S> {
+    pub(crate) name: Arc<str>,
+    pub(crate) model: Option<Arc<str>>,
+    pub(crate) weight: u32,
+    pub(crate) pacer: Option<Arc<Pacer>>,
+    pub(crate) service: S,
+    pub(crate) load: Arc<Load>,
+}
+
+/// A key a request is kept on one deployment by (sticky affinity): the
+/// same key goes to the same deployment while it can take calls, so a
+/// provider's prompt cache stays warm.
+pub type AffinityFn<R> = Arc<dyn Fn(&R) -> Option<u64> + Send + Sync>;
+
+/// Deployments of one model behind one link.
+///
+/// Each call goes to one deployment, chosen by power of two choices: two
+/// deployments drawn at random (by weight) among those that can take the
+/// call now, and the one with the lower load score wins (moving average
+/// of latency × (calls in flight + 1) × a penalty for recent failures,
+/// over its weight). With [`with_affinity`](Self::with_affinity), a
+/// request's key picks its deployment instead (rendezvous hashing by
+/// weight), while that deployment can take calls.
+///
+/// A deployment's own fault moves the call to another deployment at
+/// once, within the same attempt: a 429, a 5xx or connection failure, an
+/// open circuit, the account's quota, or its pacing. The call fails only
+/// when no deployment can take it, with the last fault (a 429 whose
+/// `retry_after` is the soonest any deployment has room, when every one
+/// is paced). Anything else (a bad request, a timeout of the attempt) is
+/// the call's own and returns at once.
+///
+/// The deployment that served (or failed last) names the attempt's
+/// record (`provider`), and is the [`Link`] its service sees (its
+/// circuit breaker keys on it).
+pub struct Pool<S, R = ChatRequest> {
+    members: Arc<[Member<S>]>,
+    random: Arc<dyn RandomSource>,
+    affinity: Option<AffinityFn<R>>,
+}
+
+impl<S, R> Clone for Pool<S, R> {
+    fn clone(&self) -> Self {
+        Pool {
+            members: self.members.clone(),
+            random: self.random.clone(),
+            affinity: self.affinity.clone(),
+        }
+    }
+}
+
+impl<S, R> fmt::Debug for Pool<S, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.members.iter().map(|m| &m.name))
+            .finish()
+    }
+}
+
+/// What a pool says of each deployment (for a status page).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeploymentStatus {
+    /// The deployment's name.
+    pub name: Arc<str>,
+    /// Its weight.
+    pub weight: u32,
+    /// Its load.
+    pub load: LoadSnapshot,
+    /// No call goes to it before this (a 429's `Retry-After`).
+    pub cooling_for: Option<std::time::Duration>,
+}
+
+impl<S, R> Pool<S, R> {
+    /// A pool of `deployments` (at least one).
+    ///
+    /// # Panics
+    ///
+    /// Never; an empty list makes a pool that refuses every call.
+    pub fn new(deployments: Vec<Deployment<S>>) -> Self {
+        let members: Vec<Member<S>> = deployments
+            .into_iter()
+            .map(|d| Member {
+                name: d.name,
+                model: d.model,
+                weight: d.weight,
+                pacer: d.pacer,
+                service: d.service,
+                load: Arc::default(),
+            })
+            .collect();
+        Pool {
+            members: members.into(),
+            random: Arc::new(SplitMix64::from_entropy()),
+            affinity: None,
+        }
+    }
+
+    /// Draws at random from `random` (seeded in tests).
+    #[must_use]
+    pub fn with_random(mut self, random: Arc<dyn RandomSource>) -> Self {
+        self.random = random;
+        self
+    }
+
+    /// Keeps requests with the same key on the same deployment.
+    #[must_use]
+    pub fn with_affinity(
+        mut self,
+        key: impl Fn(&R) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.affinity = Some(Arc::new(key));
+        self
+    }
+
+    /// Each deployment's load, now.
+    pub fn status(&self) -> Vec<DeploymentStatus> {
+        let now = Instant::now();
+        self.members
+            .iter()
+            .map(|m| DeploymentStatus {
+                name: m.name.clone(),
+                weight: m.weight,
+                load: m.load.snapshot(),
+                cooling_for: m.load.cooling(now).map(|t| t - now),
+            })
+            .collect()
+    }
+}
+
+/// `true` for a fault of the deployment (not of the call): another
+/// deployment of the pool may serve.
+fn moves_on(failure: &Failure) -> bool {
+    matches!(
+        failure.class(),
+        FailureClass::RateLimited
+            | FailureClass::Transient
+            | FailureClass::CircuitOpen
+            | FailureClass::QuotaExhausted
+    )
+}
+
+/// The pool's future.
+pub type PoolFuture<Res> = Pin<Box<dyn Future<Output = Result<Res, Failure>> + Send>>;
+
+impl<S, R, Res> Service<R> for Pool<S, R>
+where
+    S: Service<R, Response = Res, Error = Failure> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+    R: PoolRequest,
+    Res: Send + 'static,
+{
+    type Response = Res;
+    type Error = Failure;
+    type Future = PoolFuture<Res>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Failure>> {
+        // Each deployment is made ready when the call is sent to it.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        let pool = self.clone();
+        Box::pin(async move { pool.send(req).await })
+    }
+}
+
+impl<S, R, Res> Pool<S, R>
+where
+    S: Service<R, Response = Res, Error = Failure> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+    R: PoolRequest,
+{
+    async fn send(self, req: R) -> Result<Res, Failure> {
+        let n = self.members.len();
+        let mut tried = vec![false; n];
+        let mut last: Option<Failure> = None;
+        let record = AttemptLog::of(&req).and_then(|log| Some((log.clone(), log.in_flight()?)));
+        let key = self.affinity.as_ref().and_then(|f| f(&req));
+        let tokens = req.estimated_tokens();
+        loop {
+            let now = Instant::now();
+            // Who can take the call now, and when the soonest paced one can.
+            let mut open = Vec::with_capacity(n);
+            let mut soonest: Option<Instant> = None;
+            for (i, m) in self.members.iter().enumerate() {
+                if tried[i] {
+                    continue;
+                }
+                match m.load.cooling(now) {
+                    Some(until) => soonest = Some(soonest.map_or(until, |s| s.min(until))),
+                    None => open.push(i),
+                }
+            }
+            let Some(i) = self.pick(&open, key) else {
+                return Err(last.unwrap_or_else(|| paced(soonest, now)));
+            };
+            tried[i] = true;
+            let m = &self.members[i];
+            let ticket = match &m.pacer {
+                None => None,
+                Some(pacer) => match pacer.try_take(tokens.unwrap_or(0)) {
+                    Ok(ticket) => Some(ticket),
+                    Err(room_at) => {
+                        m.load.cool_until(room_at);
+                        soonest = Some(soonest.map_or(room_at, |s| s.min(room_at)));
+                        last.get_or_insert_with(|| paced(soonest, now));
+                        continue;
+                    }
+                },
+            };
+            let mut copy = req.clone();
+            if let Some(model) = &m.model {
+                copy.set_model(model);
+            }
+            let position = Link::of(&req).map_or(0, Link::position);
+            let model = Link::of(&req).map_or_else(|| Arc::from(""), |l| l.model_arc().clone());
+            Link::new(m.name.clone(), model)
+                .with_position(position)
+                .store(&mut copy);
+            if let Some((log, index)) = &record {
+                log.finish(*index, |r| r.provider = m.name.clone());
+            }
+            let started = Instant::now();
+            let in_flight = m.load.start();
+            let result = m.service.clone().oneshot(copy).await;
+            drop(in_flight);
+            let failed = result.as_ref().is_err_and(moves_on);
+            m.load.record(started.elapsed(), failed);
+            if let Some(ticket) = ticket {
+                // Until usage is read back, what was taken stays taken.
+                ticket.settle(ticket_tokens(&result).unwrap_or(u64::MAX));
+            }
+            match result {
+                Ok(answer) => return Ok(answer),
+                Err(failure)
+                    if moves_on(&failure)
+                        && Deadline::of(&req)
+                            .is_none_or(|d| d.remaining() > std::time::Duration::ZERO) =>
+                {
+                    if let (FailureClass::RateLimited, Some(wait)) =
+                        (failure.class(), failure.retry_after())
+                    {
+                        m.load.cool_until(Instant::now() + wait);
+                        if let Some(pacer) = &m.pacer {
+                            pacer.hold_off(wait);
+                        }
+                    }
+                    last = Some(failure);
+                }
+                Err(failure) => return Err(failure),
+            }
+        }
+    }
+
+    /// The deployment for a call among `open`: by affinity when there is
+    /// a key, else the better of two drawn by weight.
+    fn pick(&self, open: &[usize], key: Option<u64>) -> Option<usize> {
+        match open {
+            [] => None,
+            [only] => Some(*only),
+            _ => Some(match key {
+                Some(key) => self.rendezvous(open, key),
+                None => self.two_choices(open),
+            }),
+        }
+    }
+
+    fn draw(&self, open: &[usize], skip: Option<usize>) -> usize {
+        let total: u64 = open
+            .iter()
+            .filter(|i| Some(**i) != skip)
+            .map(|i| u64::from(self.members[*i].weight))
+            .sum();
+        let mut at = (self.random.next_fraction() * total as f64) as u64;
+        for i in open.iter().filter(|i| Some(**i) != skip) {
+            let w = u64::from(self.members[*i].weight);
+            if at < w {
+                return *i;
+            }
+            at -= w;
+        }
+        open.iter()
+            .copied()
+            .rfind(|i| Some(*i) != skip)
+            .unwrap_or(open[0])
+    }
+
+    fn two_choices(&self, open: &[usize]) -> usize {
+        let a = self.draw(open, None);
+        let b = self.draw(open, Some(a));
+        let score = |i: usize| self.members[i].load.score(self.members[i].weight);
+        if score(b) < score(a) { b } else { a }
+    }
+
+    /// Weighted rendezvous hashing: the deployment with the highest
+    /// `-ln(hash) / weight`-style score for `key`.
+    fn rendezvous(&self, open: &[usize], key: u64) -> usize {
+        let mut best = open[0];
+        let mut best_score = f64::MIN;
+        for &i in open {
+            let m = &self.members[i];
+            let h = mix(key ^ hash_name(&m.name));
+            // A fraction in (0, 1].
+            let u = ((h >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+            let score = f64::from(m.weight) / -u.ln();
+            if score > best_score {
+                best_score = score;
+                best = i;
+            }
+        }
+        best
+    }
+}
+
+/// What a settled ticket used: the answer's usage is not known here (a
+/// stream's is not known yet): the whole ticket stays taken.
+fn ticket_tokens<Res>(_result: &Result<Res, Failure>) -> Option<u64> {
+    None
+}
+
+/// The failure of a call no deployment could take now: rate limited,
+/// with the soonest time any has room.
+fn paced(soonest: Option<Instant>, now: Instant) -> Failure {
+    let mut f = Failure::new(FailureClass::RateLimited)
+        .with_message("every deployment of the pool is paced or cooling down");
+    if let Some(at) = soonest {
+        f = f.with_retry_after(at.saturating_duration_since(now));
+    }
+    f
+}
+
+fn hash_name(name: &str) -> u64 {
+    // FNV-1a: stable across processes (replicas agree on the choice).
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
