@@ -154,6 +154,14 @@ pub mod cost {
     };
 }
 
+/// Pools of deployments and their pacing ([`tower_llm_pool`]).
+pub mod pool {
+    pub use tower_llm_pool::{
+        AffinityFn, Deployment, DeploymentStatus, LoadSnapshot, PaceLimits, PaceTicket, Pacer,
+        Pool, PoolFuture, PoolRequest,
+    };
+}
+
 /// The idempotency layer ([`tower_llm_idempotency`]).
 pub mod idempotency {
     pub use tower_llm_idempotency::{

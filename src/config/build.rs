@@ -25,8 +25,8 @@ use tower_llm_retry::{RetryConfig, RetryLayer};
 use crate::ServiceBuilderExt;
 
 use super::{
-    AdmitRule, ConfigError, HedgeTarget, InboundHeaders, LinkConfig, Policy, ProviderConfig,
-    RouteConfig, RouteService,
+    AdmitRule, ConfigError, HedgeTarget, InboundHeaders, LinkConfig, Pacers, Policy, PoolConfig,
+    ProviderConfig, RouteConfig, RouteService,
 };
 
 /// What a route's stack answers: a unary [`ChatResponse`] or a
@@ -222,6 +222,7 @@ impl Policy {
             idempotency: None,
             hedges: &hedges,
             quota: quota.as_ref(),
+            pacers: None,
         };
         self.build_route_with(route, with, provider)
     }
@@ -261,7 +262,10 @@ impl Policy {
             idempotency,
             hedges,
             quota,
+            pacers,
         } = with;
+        let fresh = Pacers::new();
+        let pacers = pacers.unwrap_or(&fresh);
         let r = self.resolve(route)?;
         let min_attempt = r
             .retry
@@ -276,8 +280,17 @@ impl Policy {
         if let Some(failures) = r.retry_failures {
             retry = retry.with_failure_policy(failures);
         }
-        // Hedge targets outside the chain get breaker keys too.
-        let mut keyed = r.chain.clone();
+        // Hedge targets outside the chain, and pools' deployments, get
+        // breaker keys too.
+        let mut keyed: Vec<LinkConfig> = r
+            .chain
+            .iter()
+            .flat_map(|l| {
+                let mut all = self.deployments_of(l);
+                all.push(l.clone());
+                all
+            })
+            .collect();
         for link in &r.chain {
             if let Some(HedgeTarget::Link { provider, model }) =
                 link.hedge_to.as_ref().or(route.hedge_to.as_ref())
@@ -300,9 +313,6 @@ impl Policy {
         // A link's retry → breaker → provider (its overrides keep the
         // route's retry budget: a clone shares it).
         let mut link_stack = |link: &LinkConfig| -> Result<RouteService<Res>, ConfigError> {
-            let config = self
-                .provider(&link.provider)
-                .ok_or_else(|| unknown(&link.provider))?;
             let mut link_retry = retry.clone();
             if let Some(n) = link.max_attempts {
                 link_retry = link_retry.with_max_attempts(n);
@@ -310,7 +320,15 @@ impl Policy {
             if let Some(ms) = link.attempt_timeout_ms {
                 link_retry = link_retry.with_attempt_timeout(Duration::from_millis(ms));
             }
-            let inner = provider(config, link);
+            let inner = match self.pool(&link.provider) {
+                None => {
+                    let config = self
+                        .provider(&link.provider)
+                        .ok_or_else(|| unknown(&link.provider))?;
+                    provider(config, link)
+                }
+                Some(pool) => self.pool_stack(pool, link, &breaker, pacers, &mut provider)?,
+            };
             let Some(price) = self.price(&link.provider, &link.model) else {
                 return Ok(BoxCloneSyncService::new(
                     ServiceBuilder::new()
@@ -495,6 +513,60 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// A link's pool: each deployment behind `breaker` (its own circuit:
+    /// the deployment is the link its service sees), paced by its
+    /// provider's pacer.
+    fn pool_stack<Res>(
+        &self,
+        pool: &PoolConfig,
+        link: &LinkConfig,
+        breaker: &BreakerLayer<super::PolicyKey>,
+        pacers: &Pacers,
+        provider: &mut impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
+    ) -> Result<RouteService<Res>, ConfigError>
+    where
+        Res: Send + 'static,
+    {
+        let mut deployments = Vec::with_capacity(pool.deployments.len());
+        for (d, dlink) in pool.deployments.iter().zip(self.deployments_of(link)) {
+            let config = self.provider(&d.provider).ok_or_else(|| {
+                ConfigError::new(format!(
+                    "pool \"{}\": unknown provider \"{}\"",
+                    pool.name, d.provider
+                ))
+            })?;
+            let svc: RouteService<Res> = BoxCloneSyncService::new(
+                ServiceBuilder::new()
+                    .llm_breaker(breaker.clone())
+                    .service(provider(config, &dlink)),
+            );
+            let mut deployment = tower_llm_pool::Deployment::new(d.provider.as_str(), svc)
+                .with_weight(d.weight.unwrap_or(1))
+                .with_pacer(pacers.of(config));
+            if let Some(model) = &d.model {
+                deployment = deployment.with_model(model.as_str());
+            }
+            deployments.push(deployment);
+        }
+        let mut pool_svc = tower_llm_pool::Pool::new(deployments);
+        if let Some(header) = &pool.affinity_header {
+            let header = header.clone();
+            pool_svc = pool_svc.with_affinity(move |req: &ChatRequest| {
+                let value = req
+                    .extensions
+                    .get::<InboundHeaders>()?
+                    .0
+                    .get(header.as_str())?;
+                let mut h = std::hash::DefaultHasher::new();
+                std::hash::Hash::hash(value.as_bytes(), &mut h);
+                Some(std::hash::Hasher::finish(&h))
+            });
+        }
+        Ok(BoxCloneSyncService::new(pool_svc))
+    }
+}
+
 /// What a route's stack shares with others, for
 /// [`Policy::build_route_with`].
 #[derive(Debug, Clone, Copy)]
@@ -512,6 +584,11 @@ pub struct BuildContext<'a> {
     /// route the same store; [`Policy::memory_quota`] makes one for one
     /// process).
     pub quota: Option<&'a Arc<dyn QuotaStore>>,
+    /// The pacers of the providers in `[[pools]]` (pass the same one to
+    /// every build, so a provider has one pacer and what it learned from
+    /// rate-limit headers survives a reload; none: fresh ones, paced by
+    /// `rpm` and `tpm` only).
+    pub pacers: Option<&'a Pacers>,
 }
 
 impl Policy {

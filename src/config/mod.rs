@@ -74,6 +74,7 @@ mod error;
 mod keys;
 mod load;
 mod named;
+mod pool;
 mod provider;
 mod route;
 #[cfg(test)]
@@ -88,6 +89,7 @@ pub use named::{
     BackoffKind, CostLimit, DEFAULT_DEGRADED_TEXT, DEGRADED_TEMPLATE, FallbackPolicyDoc,
     FallbackStep, Idempotency, NeverBypass, OperationPolicy, RISK_HEADER, SeedBackoff, SeedClass,
 };
+pub use pool::{DeploymentConfig, Pacers, PoolConfig};
 pub use provider::{ProviderConfig, ProviderKind, ProviderServices, RouteService};
 pub use route::{AdmitRule, HedgeTarget, InboundHeaders, LinkConfig, ResolvedRoute, RouteConfig};
 
@@ -162,6 +164,10 @@ pub struct Policy {
     /// be priced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quotas: Option<QuotaConfig>,
+    /// `[[pools]]`: one model over several providers' deployments
+    /// ([`PoolConfig`]), named by chains as a link's `provider`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pools: Vec<PoolConfig>,
 }
 
 impl Policy {

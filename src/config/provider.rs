@@ -75,6 +75,16 @@ pub struct ProviderConfig {
     /// require (OpenAI only; default false).
     #[serde(default)]
     pub max_completion_tokens: bool,
+    /// `rpm`: this provider's requests per minute (its key's or
+    /// deployment's limit): calls through a `[[pools]]` entry are paced
+    /// under it (default: none; a provider's own rate-limit headers still
+    /// pace it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpm: Option<u32>,
+    /// `tpm`: this provider's tokens per minute (input and output), paced
+    /// like `rpm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<u32>,
 }
 
 /// A route's (or a provider's) service, boxed.

@@ -371,3 +371,65 @@ fn a_malformed_price_table_is_refused_with_the_field_s_path() {
         "{e}"
     );
 }
+
+#[test]
+fn a_pool_is_named_by_chains_and_checked_at_load() {
+    let base = r#"
+        [[providers]]
+        name = "east"
+        kind = "openai"
+        api_key_env = "E"
+        rpm = 60
+        [[providers]]
+        name = "west"
+        kind = "openai"
+        api_key_env = "W"
+    "#;
+    let ok = Policy::from_toml(&format!(
+        r#"{base}
+        [[pools]]
+        name = "gpt4o"
+        affinity_header = "x-session-id"
+        deployments = [{{ provider = "east", weight = 3 }}, {{ provider = "west", model = "gpt-4o-eu" }}]
+        [[routes]]
+        model = "smart"
+        chain = [{{ provider = "gpt4o", model = "gpt-4o" }}]
+        "#
+    ))
+    .expect("loads");
+    let deployments = ok.deployments_of(&ok.routes[0].chain[0]);
+    let pairs: Vec<_> = deployments
+        .iter()
+        .map(|l| (l.provider.as_str(), l.model.as_str()))
+        .collect();
+    assert_eq!(pairs, [("east", "gpt-4o"), ("west", "gpt-4o-eu")]);
+    assert_eq!(
+        ok.provider("east").map(|p| p.pace_limits().rpm),
+        Some(Some(60))
+    );
+
+    let bad = |pools: &str| {
+        Policy::from_toml(&format!("{base}\n{pools}"))
+            .unwrap_err()
+            .to_string()
+    };
+    let e = bad("[[pools]]\nname = \"east\"\ndeployments = [{ provider = \"west\" }]");
+    assert!(
+        e.contains("pool \"east\": a provider has the same name"),
+        "{e}"
+    );
+    let e = bad("[[pools]]\nname = \"p\"\ndeployments = []");
+    assert!(e.contains("pool \"p\": deployments is empty"), "{e}");
+    let e = bad("[[pools]]\nname = \"p\"\ndeployments = [{ provider = \"nobody\" }]");
+    assert!(e.contains("pool \"p\": unknown provider \"nobody\""), "{e}");
+    let e = bad("[[pools]]\nname = \"p\"\ndeployments = [{ provider = \"east\", weight = 0 }]");
+    assert!(e.contains("weight must be at least 1"), "{e}");
+    let e = bad(
+        "[[pools]]\nname = \"p\"\naffinity_header = \"not a header\"\ndeployments = [{ provider = \"east\" }]",
+    );
+    assert!(e.contains("is not a header name"), "{e}");
+    let e = Policy::from_toml(&base.replace("rpm = 60", "rpm = 0"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rpm and tpm must be above 0"), "{e}");
+}

@@ -66,6 +66,12 @@ impl Policy {
                     ));
                 }
             }
+            if provider.rpm == Some(0) || provider.tpm == Some(0) {
+                p.push(format!(
+                    "provider \"{}\": rpm and tpm must be above 0 (leave them out for no limit)",
+                    provider.name
+                ));
+            }
             if provider.max_concurrency == Some(0) {
                 p.push(format!(
                     "provider \"{}\": max_concurrency must be above 0",
@@ -243,7 +249,7 @@ impl Policy {
                         p.push(format!("{at}: hedge_to: the model is empty"));
                     }
                 }
-                if !names.contains(link.provider.as_str()) {
+                if !names.contains(link.provider.as_str()) && self.pool(&link.provider).is_none() {
                     p.push(format!(
                         "route \"{}\": unknown provider \"{}\"",
                         route.model, link.provider
@@ -258,8 +264,9 @@ impl Policy {
             }
             self.check_costs(route, &resolved, &mut p);
         }
+        self.check_pools(&names, &mut p);
         for (provider, models) in &self.prices {
-            if !names.contains(provider.as_str()) {
+            if !names.contains(provider.as_str()) && self.pool(provider).is_none() {
                 p.push(format!(
                     "prices.{provider}: unknown provider \"{provider}\""
                 ));

@@ -10,8 +10,8 @@ use std::time::Duration;
 use tower::util::BoxCloneSyncService;
 use tower_llm::breaker::BreakerLayer;
 use tower_llm::config::{
-    BuildContext, ConfigError, HedgeBudgets, LinkConfig, Policy, ProviderConfig, ProviderServices,
-    RouteAnswer, RouteConfig, RouteService, TenantHeader,
+    BuildContext, ConfigError, HedgeBudgets, LinkConfig, Pacers, Policy, ProviderConfig,
+    ProviderServices, RouteAnswer, RouteConfig, RouteService, TenantHeader,
 };
 use tower_llm::cost::{CostAnswer, QuotaStore};
 use tower_llm::idempotency::{IdempotencyLayer, IdempotentAnswer};
@@ -71,6 +71,7 @@ pub(crate) fn build(
     transport: &Transport,
     keys: &KeySource,
     bulkheads: &Bulkheads,
+    pacers: &Pacers,
 ) -> Result<Routes, ConfigError> {
     // Each provider once, and once more for each distinct set of link
     // overrides (connect, first-token, idle timeouts) a route asks for.
@@ -124,6 +125,7 @@ pub(crate) fn build(
             idempotency,
             hedges,
             quota,
+            pacers: Some(pacers),
         };
         let u = route_stack(policy, route, with, &find, |s| s.chat)?;
         let s = route_stack(policy, route, with, &find, |s| s.stream)?;

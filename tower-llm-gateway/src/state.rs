@@ -9,7 +9,7 @@ use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use tokio::sync::Semaphore;
 use tower_llm::breaker::BreakerHandle;
-use tower_llm::config::{ConfigError, HedgeBudgets, Policy, TenantHeader};
+use tower_llm::config::{ConfigError, HedgeBudgets, Pacers, Policy, TenantHeader};
 use tower_llm::idempotency::IdempotencyLayer;
 use tower_llm::{GenAiMetrics, Metrics};
 
@@ -68,6 +68,9 @@ pub struct Gateway {
     /// Each provider's bulkhead, kept across reloads while its limit is
     /// unchanged, so calls in flight keep counting.
     pub(crate) bulkheads: Bulkheads,
+    /// The providers' pacers (`[[pools]]`), kept across reloads while a
+    /// provider's limits are unchanged.
+    pub(crate) pacers: Pacers,
     /// The server limits the gateway started with (`[server]`; a reload
     /// keeps them).
     pub(crate) server: ServerPolicy,
@@ -130,6 +133,7 @@ impl Gateway {
         let metrics = Metrics::new(&meter);
         let genai = GenAiMetrics::new(&meter);
         let bulkheads = Bulkheads::default();
+        let pacers = Pacers::new();
         let idempotency = idempotency_of(&config, &metrics)?;
         let layer = lock(&breaker).layer.clone();
         let hedges = HedgeBudgets::new();
@@ -146,6 +150,7 @@ impl Gateway {
             &transport,
             &keys,
             &bulkheads,
+            &pacers,
         )?;
         lock(&breaker).register_circuits(policy);
         let server = settings.server;
@@ -166,6 +171,7 @@ impl Gateway {
             probes,
             admin_token: arc_swap::ArcSwapOption::empty(),
             bulkheads,
+            pacers,
             in_flight: Arc::new(Semaphore::new(server.max_in_flight)),
             body_bytes: Arc::new(Semaphore::new(server.max_body_bytes_in_flight)),
             server,
@@ -236,6 +242,7 @@ impl Gateway {
             &self.transport,
             &self.keys,
             &self.bulkheads,
+            &self.pacers,
         )?;
         let mut running = lock(&self.breaker);
         if let Some(b) = breakers {

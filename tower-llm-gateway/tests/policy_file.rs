@@ -121,6 +121,11 @@ fn the_readme_reference_sets_every_key_and_loads_as_it_is() {
         "quotas.max_tokens",
         "quotas.tenants.acme.max_cost",
         "quotas_shared.local_share",
+        "pools[].affinity_header",
+        "pools[].deployments[].weight",
+        "pools[].deployments[].model",
+        "providers[].rpm",
+        "providers[].tpm",
     ] {
         assert!(all.contains(key), "{key} is not set by the reference");
     }

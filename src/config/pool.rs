@@ -1,0 +1,202 @@
+//! `[[pools]]`: one model spread over several providers' deployments, and
+//! the pacers of the providers in them.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::{Deserialize, Serialize};
+use tower_llm_pool::{PaceLimits, Pacer};
+
+use super::{LinkConfig, Policy, ProviderConfig};
+
+/// One `[[pools]]` entry: deployments of one model (each a provider of
+/// `[[providers]]`: its own key, region or endpoint) that chains name as
+/// if it were a provider.
+///
+/// ```
+/// use tower_llm::config::Policy;
+///
+/// let policy = Policy::from_toml(r#"
+///     [[providers]]
+///     name = "oai-east"
+///     kind = "openai"
+///     api_key_env = "EAST_KEY"
+///     rpm = 60
+///     tpm = 40000
+///
+///     [[providers]]
+///     name = "oai-west"
+///     kind = "openai"
+///     api_key_env = "WEST_KEY"
+///
+///     [[pools]]
+///     name = "gpt4o"
+///     deployments = [{ provider = "oai-east", weight = 2 }, { provider = "oai-west" }]
+///
+///     [[routes]]
+///     model = "smart"
+///     chain = [{ provider = "gpt4o", model = "gpt-4o" }]
+/// "#).unwrap();
+/// assert_eq!(policy.pool("gpt4o").unwrap().deployments.len(), 2);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// `name`: what chains give as a link's `provider`; not a provider's
+    /// name.
+    pub name: String,
+    /// `deployments`: the providers that serve the pool's model.
+    pub deployments: Vec<DeploymentConfig>,
+    /// `affinity_header`: requests with the same value of this header go
+    /// to the same deployment while it can take them (a provider's prompt
+    /// cache stays warm); default: none, every call is chosen by load.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_header: Option<String>,
+}
+
+/// One deployment of a `[[pools]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeploymentConfig {
+    /// `provider`: a provider's `name`.
+    pub provider: String,
+    /// `model`: the model id this deployment knows the link's model by (an
+    /// Azure deployment name; default: the link's `model`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// `weight`: chosen this many times as often as a deployment of
+    /// weight 1 (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
+}
+
+impl Policy {
+    /// The pool named `name`, if any.
+    pub fn pool(&self, name: &str) -> Option<&PoolConfig> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+
+    /// The links a link stands for: its pool's deployments (each with the
+    /// deployment's provider and model), or the link itself.
+    pub fn deployments_of(&self, link: &LinkConfig) -> Vec<LinkConfig> {
+        match self.pool(&link.provider) {
+            None => vec![link.clone()],
+            Some(pool) => pool
+                .deployments
+                .iter()
+                .map(|d| LinkConfig {
+                    provider: d.provider.clone(),
+                    model: d.model.clone().unwrap_or_else(|| link.model.clone()),
+                    ..link.clone()
+                })
+                .collect(),
+        }
+    }
+
+    pub(super) fn check_pools(&self, names: &std::collections::HashSet<&str>, p: &mut Vec<String>) {
+        let mut seen = std::collections::HashSet::new();
+        for pool in &self.pools {
+            let at = format!("pool \"{}\"", pool.name);
+            if pool.name.is_empty() {
+                p.push("a pool has an empty name".to_owned());
+            }
+            if !seen.insert(pool.name.as_str()) {
+                p.push(format!("duplicate {at}"));
+            }
+            if names.contains(pool.name.as_str()) {
+                p.push(format!("{at}: a provider has the same name"));
+            }
+            if pool.deployments.is_empty() {
+                p.push(format!("{at}: deployments is empty"));
+            }
+            let mut providers = std::collections::HashSet::new();
+            for d in &pool.deployments {
+                if !names.contains(d.provider.as_str()) {
+                    p.push(format!("{at}: unknown provider \"{}\"", d.provider));
+                }
+                if !providers.insert((d.provider.as_str(), d.model.as_deref())) {
+                    p.push(format!("{at}: deployment {} twice", d.provider));
+                }
+                if d.weight == Some(0) {
+                    p.push(format!(
+                        "{at}: deployment {}: weight must be at least 1",
+                        d.provider
+                    ));
+                }
+                if d.model.as_deref() == Some("") {
+                    p.push(format!(
+                        "{at}: deployment {}: the model is empty",
+                        d.provider
+                    ));
+                }
+            }
+            if let Some(h) = &pool.affinity_header {
+                if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                    p.push(format!("{at}: affinity_header {h:?} is not a header name"));
+                }
+            }
+        }
+    }
+}
+
+impl ProviderConfig {
+    /// This provider's configured limits (`rpm`, `tpm`).
+    pub fn pace_limits(&self) -> PaceLimits {
+        PaceLimits {
+            rpm: self.rpm,
+            tpm: self.tpm,
+        }
+    }
+}
+
+/// The pacers of a policy's providers, one per provider (by name), kept
+/// across builds and reloads while the provider's limits are unchanged:
+/// what a pacer has learned from a provider's rate-limit headers stays.
+/// Cloning shares them.
+#[derive(Clone, Default)]
+pub struct Pacers {
+    inner: Arc<Mutex<Kept>>,
+}
+
+/// Each provider's pacer, with the limits it was made for.
+type Kept = HashMap<String, (PaceLimits, Arc<Pacer>)>;
+
+impl fmt::Debug for Pacers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pacers")
+            .field("providers", &self.lock().len())
+            .finish()
+    }
+}
+
+impl Pacers {
+    /// No pacers yet.
+    pub fn new() -> Self {
+        Pacers::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The pacer of `provider`, made (or remade, when its limits
+    /// changed) now if needed.
+    pub fn of(&self, provider: &ProviderConfig) -> Arc<Pacer> {
+        let limits = provider.pace_limits();
+        let mut kept = self.lock();
+        match kept.get(&provider.name) {
+            Some((l, pacer)) if *l == limits => pacer.clone(),
+            _ => {
+                let pacer = Arc::new(Pacer::new(limits));
+                kept.insert(provider.name.clone(), (limits, pacer.clone()));
+                pacer
+            }
+        }
+    }
+
+    /// The pacer of the provider named `name`, if one was made.
+    pub fn get(&self, name: &str) -> Option<Arc<Pacer>> {
+        self.lock().get(name).map(|(_, p)| p.clone())
+    }
+}
