@@ -157,8 +157,8 @@ pub mod cost {
 /// Pools of deployments and their pacing ([`tower_llm_pool`]).
 pub mod pool {
     pub use tower_llm_pool::{
-        AffinityFn, Deployment, DeploymentStatus, LoadSnapshot, PaceLimits, PaceTicket, Pacer,
-        Pool, PoolFuture, PoolRequest,
+        AffinityFn, Deployment, DeploymentLoad, DeploymentStatus, LoadSnapshot, PaceLimits,
+        PaceTicket, Pacer, Pool, PoolFuture, PoolRequest, PoolStatus,
     };
 }
 

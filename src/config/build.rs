@@ -25,7 +25,7 @@ use tower_llm_retry::{RetryConfig, RetryLayer};
 use crate::ServiceBuilderExt;
 
 use super::{
-    AdmitRule, ConfigError, HedgeTarget, InboundHeaders, LinkConfig, Pacers, Policy, PoolConfig,
+    AdmitRule, ConfigError, HedgeTarget, InboundHeaders, LinkConfig, Policy, PoolConfig, Pools,
     ProviderConfig, RouteConfig, RouteService,
 };
 
@@ -264,7 +264,7 @@ impl Policy {
             quota,
             pacers,
         } = with;
-        let fresh = Pacers::new();
+        let fresh = Pools::new();
         let pacers = pacers.unwrap_or(&fresh);
         let r = self.resolve(route)?;
         let min_attempt = r
@@ -522,7 +522,7 @@ impl Policy {
         pool: &PoolConfig,
         link: &LinkConfig,
         breaker: &BreakerLayer<super::PolicyKey>,
-        pacers: &Pacers,
+        pacers: &Pools,
         provider: &mut impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
     ) -> Result<RouteService<Res>, ConfigError>
     where
@@ -543,7 +543,8 @@ impl Policy {
             );
             let mut deployment = tower_llm_pool::Deployment::new(d.provider.as_str(), svc)
                 .with_weight(d.weight.unwrap_or(1))
-                .with_pacer(pacers.of(config));
+                .with_pacer(pacers.of(config))
+                .with_load(pacers.load_of(&d.provider));
             if let Some(model) = &d.model {
                 deployment = deployment.with_model(model.as_str());
             }
@@ -563,6 +564,7 @@ impl Policy {
                 Some(std::hash::Hasher::finish(&h))
             });
         }
+        pacers.built(&pool.name, pool_svc.status_handle());
         Ok(BoxCloneSyncService::new(pool_svc))
     }
 }
@@ -588,7 +590,7 @@ pub struct BuildContext<'a> {
     /// every build, so a provider has one pacer and what it learned from
     /// rate-limit headers survives a reload; none: fresh ones, paced by
     /// `rpm` and `tpm` only).
-    pub pacers: Option<&'a Pacers>,
+    pub pacers: Option<&'a Pools>,
 }
 
 impl Policy {

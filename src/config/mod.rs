@@ -89,7 +89,7 @@ pub use named::{
     BackoffKind, CostLimit, DEFAULT_DEGRADED_TEXT, DEGRADED_TEMPLATE, FallbackPolicyDoc,
     FallbackStep, Idempotency, NeverBypass, OperationPolicy, RISK_HEADER, SeedBackoff, SeedClass,
 };
-pub use pool::{DeploymentConfig, Pacers, PoolConfig};
+pub use pool::{DeploymentConfig, PoolConfig, Pools};
 pub use provider::{ProviderConfig, ProviderKind, ProviderServices, RouteService};
 pub use route::{AdmitRule, HedgeTarget, InboundHeaders, LinkConfig, ResolvedRoute, RouteConfig};
 

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
-use tower_llm_pool::{PaceLimits, Pacer};
+use tower_llm_pool::{DeploymentLoad, PaceLimits, Pacer, PoolStatus};
 
 use super::{LinkConfig, Policy, ProviderConfig};
 
@@ -150,30 +150,33 @@ impl ProviderConfig {
     }
 }
 
-/// The pacers of a policy's providers, one per provider (by name), kept
-/// across builds and reloads while the provider's limits are unchanged:
-/// what a pacer has learned from a provider's rate-limit headers stays.
-/// Cloning shares them.
+/// What a policy's pools share across builds: the pacers of their
+/// providers, one per provider (by name), kept across builds and reloads
+/// while the provider's limits are unchanged (what a pacer has learned
+/// from a provider's rate-limit headers stays), and each pool's status
+/// handle as last built (for a status page). Cloning shares them.
 #[derive(Clone, Default)]
-pub struct Pacers {
+pub struct Pools {
     inner: Arc<Mutex<Kept>>,
+    loads: Arc<Mutex<HashMap<String, Arc<DeploymentLoad>>>>,
+    built: Arc<Mutex<std::collections::BTreeMap<String, PoolStatus>>>,
 }
 
 /// Each provider's pacer, with the limits it was made for.
 type Kept = HashMap<String, (PaceLimits, Arc<Pacer>)>;
 
-impl fmt::Debug for Pacers {
+impl fmt::Debug for Pools {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pacers")
+        f.debug_struct("Pools")
             .field("providers", &self.lock().len())
             .finish()
     }
 }
 
-impl Pacers {
+impl Pools {
     /// No pacers yet.
     pub fn new() -> Self {
-        Pacers::default()
+        Pools::default()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
@@ -195,8 +198,37 @@ impl Pacers {
         }
     }
 
+    /// The load of the provider named `name` as a deployment (one per
+    /// provider, shared by every pool and stack that sends to it).
+    pub fn load_of(&self, name: &str) -> Arc<DeploymentLoad> {
+        self.loads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(name.to_owned())
+            .or_default()
+            .clone()
+    }
+
     /// The pacer of the provider named `name`, if one was made.
     pub fn get(&self, name: &str) -> Option<Arc<Pacer>> {
         self.lock().get(name).map(|(_, p)| p.clone())
+    }
+
+    /// Notes the status handle of pool `name` as built last.
+    pub fn built(&self, name: &str, status: PoolStatus) {
+        self.built
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_owned(), status);
+    }
+
+    /// Each pool's status handle, by name, as built last.
+    pub fn statuses(&self) -> Vec<(String, PoolStatus)> {
+        self.built
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(n, s)| (n.clone(), s.clone()))
+            .collect()
     }
 }

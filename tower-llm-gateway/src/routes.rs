@@ -10,7 +10,7 @@ use std::time::Duration;
 use tower::util::BoxCloneSyncService;
 use tower_llm::breaker::BreakerLayer;
 use tower_llm::config::{
-    BuildContext, ConfigError, HedgeBudgets, LinkConfig, Pacers, Policy, ProviderConfig,
+    BuildContext, ConfigError, HedgeBudgets, LinkConfig, Policy, Pools, ProviderConfig,
     ProviderServices, RouteAnswer, RouteConfig, RouteService, TenantHeader,
 };
 use tower_llm::cost::{CostAnswer, QuotaStore};
@@ -71,7 +71,7 @@ pub(crate) fn build(
     transport: &Transport,
     keys: &KeySource,
     bulkheads: &Bulkheads,
-    pacers: &Pacers,
+    pacers: &Pools,
 ) -> Result<Routes, ConfigError> {
     // Each provider once, and once more for each distinct set of link
     // overrides (connect, first-token, idle timeouts) a route asks for.

@@ -9,7 +9,7 @@ use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use tokio::sync::Semaphore;
 use tower_llm::breaker::BreakerHandle;
-use tower_llm::config::{ConfigError, HedgeBudgets, Pacers, Policy, TenantHeader};
+use tower_llm::config::{ConfigError, HedgeBudgets, Policy, Pools, TenantHeader};
 use tower_llm::idempotency::IdempotencyLayer;
 use tower_llm::{GenAiMetrics, Metrics};
 
@@ -70,7 +70,7 @@ pub struct Gateway {
     pub(crate) bulkheads: Bulkheads,
     /// The providers' pacers (`[[pools]]`), kept across reloads while a
     /// provider's limits are unchanged.
-    pub(crate) pacers: Pacers,
+    pub(crate) pacers: Pools,
     /// The server limits the gateway started with (`[server]`; a reload
     /// keeps them).
     pub(crate) server: ServerPolicy,
@@ -133,7 +133,7 @@ impl Gateway {
         let metrics = Metrics::new(&meter);
         let genai = GenAiMetrics::new(&meter);
         let bulkheads = Bulkheads::default();
-        let pacers = Pacers::new();
+        let pacers = Pools::new();
         let idempotency = idempotency_of(&config, &metrics)?;
         let layer = lock(&breaker).layer.clone();
         let hedges = HedgeBudgets::new();

@@ -41,6 +41,8 @@ mod load;
 mod pacer;
 mod pool;
 
-pub use load::LoadSnapshot;
+pub use load::{DeploymentLoad, LoadSnapshot};
 pub use pacer::{PaceLimits, PaceTicket, Pacer};
-pub use pool::{AffinityFn, Deployment, DeploymentStatus, Pool, PoolFuture, PoolRequest};
+pub use pool::{
+    AffinityFn, Deployment, DeploymentStatus, Pool, PoolFuture, PoolRequest, PoolStatus,
+};

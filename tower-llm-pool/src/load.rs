@@ -1,4 +1,4 @@
-//! [`Load`]: what a pool knows of one deployment's load and health.
+//! [`DeploymentLoad`]: what a pool knows of one deployment's load and health.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,9 +14,12 @@ const ALPHA: f64 = 0.2;
 const FAILURE_PENALTY: f64 = 4.0;
 
 /// One deployment's load: calls in flight, and moving averages of its
-/// latency and failure rate.
+/// latency and failure rate. Share one between the pools (and the unary
+/// and streaming stacks) that send to the same deployment
+/// ([`Deployment::with_load`](crate::Deployment::with_load)), so each
+/// sees all its calls.
 #[derive(Debug, Default)]
-pub(crate) struct Load {
+pub struct DeploymentLoad {
     in_flight: AtomicU32,
     averages: Mutex<Averages>,
 }
@@ -44,7 +47,12 @@ pub struct LoadSnapshot {
     pub failure_rate: f64,
 }
 
-impl Load {
+impl DeploymentLoad {
+    /// A deployment with no calls yet.
+    pub fn new() -> Self {
+        DeploymentLoad::default()
+    }
+
     fn averages(&self) -> std::sync::MutexGuard<'_, Averages> {
         self.averages
             .lock()
@@ -90,7 +98,7 @@ impl Load {
     }
 
     /// What the pool knows now.
-    pub(crate) fn snapshot(&self) -> LoadSnapshot {
+    pub fn snapshot(&self) -> LoadSnapshot {
         let a = *self.averages();
         LoadSnapshot {
             in_flight: self.in_flight.load(Ordering::Relaxed),
@@ -102,7 +110,7 @@ impl Load {
 
 /// A call in flight; dropping it ends the call's count.
 #[derive(Debug)]
-pub(crate) struct InFlight(Arc<Load>);
+pub(crate) struct InFlight(Arc<DeploymentLoad>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {

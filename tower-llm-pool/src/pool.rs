@@ -13,7 +13,7 @@ use tower_llm_core::{AttemptLog, ChatRequest, Deadline, Failure, FailureClass, L
 use tower_llm_retry::{RandomSource, SplitMix64};
 use tower_service::Service;
 
-use crate::load::{Load, LoadSnapshot};
+use crate::load::{DeploymentLoad, LoadSnapshot};
 use crate::pacer::Pacer;
 
 /// A request a pool can send to any of its deployments: it can be copied
@@ -49,6 +49,7 @@ pub struct Deployment<S> {
     model: Option<Arc<str>>,
     weight: u32,
     pacer: Option<Arc<Pacer>>,
+    load: Option<Arc<DeploymentLoad>>,
     service: S,
 }
 
@@ -72,8 +73,17 @@ impl<S> Deployment<S> {
             model: None,
             weight: 1,
             pacer: None,
+            load: None,
             service,
         }
+    }
+
+    /// Tracks this deployment's load in `load` (share one among the pools
+    /// that send to the same deployment).
+    #[must_use]
+    pub fn with_load(mut self, load: Arc<DeploymentLoad>) -> Self {
+        self.load = Some(load);
+        self
     }
 
     /// Sends the pool's requests to this deployment as `model` (an Azure
@@ -108,7 +118,7 @@ pub(crate) struct Member<S> {
     pub(crate) weight: u32,
     pub(crate) pacer: Option<Arc<Pacer>>,
     pub(crate) service: S,
-    pub(crate) load: Arc<Load>,
+    pub(crate) load: Arc<DeploymentLoad>,
 }
 
 /// A key a request is kept on one deployment by (sticky affinity): the
@@ -189,7 +199,7 @@ impl<S, R> Pool<S, R> {
                 weight: d.weight,
                 pacer: d.pacer,
                 service: d.service,
-                load: Arc::default(),
+                load: d.load.unwrap_or_default(),
             })
             .collect();
         Pool {
@@ -218,16 +228,54 @@ impl<S, R> Pool<S, R> {
 
     /// Each deployment's load, now.
     pub fn status(&self) -> Vec<DeploymentStatus> {
+        self.status_handle().deployments()
+    }
+
+    /// A handle that reads this pool's loads (whatever its service type),
+    /// for a status page.
+    pub fn status_handle(&self) -> PoolStatus {
+        PoolStatus {
+            members: self
+                .members
+                .iter()
+                .map(|m| (m.name.clone(), m.weight, m.load.clone(), m.pacer.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// Reads a pool's loads ([`Pool::status_handle`]); cheap to clone.
+#[derive(Clone)]
+pub struct PoolStatus {
+    members: Arc<[(Arc<str>, u32, Arc<DeploymentLoad>, Option<Arc<Pacer>>)]>,
+}
+
+impl fmt::Debug for PoolStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.deployments()).finish()
+    }
+}
+
+impl PoolStatus {
+    /// Each deployment's load, now.
+    pub fn deployments(&self) -> Vec<DeploymentStatus> {
         let now = Instant::now();
         self.members
             .iter()
-            .map(|m| DeploymentStatus {
-                name: m.name.clone(),
-                weight: m.weight,
-                load: m.load.snapshot(),
-                cooling_for: m.load.cooling(now).map(|t| t - now),
+            .map(|(name, weight, load, _)| DeploymentStatus {
+                name: name.clone(),
+                weight: *weight,
+                load: load.snapshot(),
+                cooling_for: load.cooling(now).map(|t| t - now),
             })
             .collect()
+    }
+
+    /// Each deployment's pacer, by name.
+    pub fn pacers(&self) -> impl Iterator<Item = (&Arc<str>, &Arc<Pacer>)> {
+        self.members
+            .iter()
+            .filter_map(|(name, _, _, pacer)| Some((name, pacer.as_ref()?)))
     }
 }
 

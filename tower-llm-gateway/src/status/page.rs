@@ -236,6 +236,7 @@ table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;p
             }
             page.push_str("</table>");
         }
+        self.render_pools(&policy, &mut page);
         if operator {
             // The token stays in the page of the operator who presented it
             // (the page is never cached); the buttons post to
@@ -256,6 +257,40 @@ table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;p
             }
         );
         page
+    }
+}
+
+impl Gateway {
+    /// One table per `[[pools]]` entry: each deployment's load as the
+    /// pool sees it.
+    fn render_pools(&self, policy: &tower_llm::config::Policy, page: &mut String) {
+        let statuses = self.pacers.statuses();
+        for pool in &policy.pools {
+            let Some((_, status)) = statuses.iter().find(|(name, _)| *name == pool.name) else {
+                continue;
+            };
+            let _ = write!(
+                page,
+                "<h2>Pool <code>{}</code></h2><table><tr><th>deployment</th><th>weight</th><th>in flight</th>\
+<th>latency (moving average)</th><th>failures (moving average)</th><th>cooling</th></tr>",
+                escape(&pool.name)
+            );
+            for d in status.deployments() {
+                let _ = write!(
+                    page,
+                    "<tr><td><code>{}</code></td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
+<td class=\"num\">{:.0} ms</td><td class=\"num\">{:.0} %</td><td>{}</td></tr>",
+                    escape(&d.name),
+                    d.weight,
+                    d.load.in_flight,
+                    d.load.latency_ms,
+                    d.load.failure_rate * 100.0,
+                    d.cooling_for
+                        .map_or_else(|| "no".to_owned(), |c| format!("for {} ms", c.as_millis())),
+                );
+            }
+            page.push_str("</table>");
+        }
     }
 }
 
