@@ -247,8 +247,11 @@ impl<S, R> Pool<S, R> {
 /// Reads a pool's loads ([`Pool::status_handle`]); cheap to clone.
 #[derive(Clone)]
 pub struct PoolStatus {
-    members: Arc<[(Arc<str>, u32, Arc<DeploymentLoad>, Option<Arc<Pacer>>)]>,
+    members: Arc<[Watched]>,
 }
+
+/// A deployment as a status handle sees it: name, weight, load, pacer.
+type Watched = (Arc<str>, u32, Arc<DeploymentLoad>, Option<Arc<Pacer>>);
 
 impl fmt::Debug for PoolStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
