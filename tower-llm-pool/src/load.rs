@@ -1,6 +1,5 @@
 //! [`DeploymentLoad`]: what a pool knows of one deployment's load and health.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,10 +17,20 @@ const FAILURE_PENALTY: f64 = 4.0;
 /// and streaming stacks) that send to the same deployment
 /// ([`Deployment::with_load`](crate::Deployment::with_load)), so each
 /// sees all its calls.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DeploymentLoad {
-    in_flight: AtomicU32,
     averages: Mutex<Averages>,
+    /// What in-flight start times are measured from.
+    epoch: Instant,
+}
+
+impl Default for DeploymentLoad {
+    fn default() -> Self {
+        DeploymentLoad {
+            averages: Mutex::default(),
+            epoch: Instant::now(),
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -33,6 +42,12 @@ struct Averages {
     /// No call may go here before this (a 429's `Retry-After`, or the
     /// pacer's).
     cooling_until: Option<Instant>,
+    /// A successful call's latency has been seen.
+    sampled: bool,
+    /// The calls in flight, and the sum of their start times (ms since
+    /// `epoch`): their mean age, in O(1).
+    running: u32,
+    started_sum_ms: f64,
 }
 
 /// What [`Load::snapshot`] reads.
@@ -59,13 +74,28 @@ impl DeploymentLoad {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The score power-of-two-choices compares (lower is better):
-    /// latency × (in flight + 1) × the failure penalty, over `weight`.
-    pub(crate) fn score(&self, weight: u32) -> f64 {
+    /// The score power-of-two-choices compares (lower is better): the
+    /// latency × (in flight + 1) × the failure penalty. The latency is the
+    /// moving average of successful calls (`prior_ms`, the pool's mean,
+    /// before the first), or the mean age of the calls in flight when that
+    /// is longer (a deployment that has gone slow shows it before its
+    /// calls end). Weights act in the draw, not here.
+    pub(crate) fn score(&self, prior_ms: f64, now: Instant) -> f64 {
         let a = *self.averages();
-        let in_flight = f64::from(self.in_flight.load(Ordering::Relaxed));
-        (a.latency_ms + 1.0) * (in_flight + 1.0) * (1.0 + FAILURE_PENALTY * a.failures)
-            / f64::from(weight.max(1))
+        let known = if a.sampled { a.latency_ms } else { prior_ms };
+        let age = if a.running == 0 {
+            0.0
+        } else {
+            let now_ms = now.saturating_duration_since(self.epoch).as_secs_f64() * 1_000.0;
+            now_ms - a.started_sum_ms / f64::from(a.running)
+        };
+        (known.max(age) + 1.0) * (f64::from(a.running) + 1.0) * (1.0 + FAILURE_PENALTY * a.failures)
+    }
+
+    /// The moving average of successful calls' latency, once there is one.
+    pub(crate) fn latency(&self) -> Option<f64> {
+        let a = *self.averages();
+        a.sampled.then_some(a.latency_ms)
     }
 
     /// `true` while no call may go to the deployment.
@@ -81,27 +111,39 @@ impl DeploymentLoad {
 
     /// A call starts; the guard ends it.
     pub(crate) fn start(self: &Arc<Self>) -> InFlight {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight(self.clone())
+        let at = Instant::now()
+            .saturating_duration_since(self.epoch)
+            .as_secs_f64()
+            * 1_000.0;
+        let mut a = self.averages();
+        a.running += 1;
+        a.started_sum_ms += at;
+        drop(a);
+        InFlight(self.clone(), at)
     }
 
-    /// Records how a call went.
+    /// Records how a call went: a failure counts in the failure rate
+    /// only (a deployment that fails fast must not look fast).
     pub(crate) fn record(&self, latency: Duration, failed: bool) {
         let mut a = self.averages();
-        let ms = latency.as_secs_f64() * 1_000.0;
-        a.latency_ms = if a.latency_ms == 0.0 {
-            ms
-        } else {
-            a.latency_ms + ALPHA * (ms - a.latency_ms)
-        };
         a.failures += ALPHA * (f64::from(u8::from(failed)) - a.failures);
+        if failed {
+            return;
+        }
+        let ms = latency.as_secs_f64() * 1_000.0;
+        a.latency_ms = if a.sampled {
+            a.latency_ms + ALPHA * (ms - a.latency_ms)
+        } else {
+            ms
+        };
+        a.sampled = true;
     }
 
     /// What the pool knows now.
     pub fn snapshot(&self) -> LoadSnapshot {
         let a = *self.averages();
         LoadSnapshot {
-            in_flight: self.in_flight.load(Ordering::Relaxed),
+            in_flight: a.running,
             latency_ms: a.latency_ms,
             failure_rate: a.failures,
         }
@@ -110,10 +152,16 @@ impl DeploymentLoad {
 
 /// A call in flight; dropping it ends the call's count.
 #[derive(Debug)]
-pub(crate) struct InFlight(Arc<DeploymentLoad>);
+pub(crate) struct InFlight(Arc<DeploymentLoad>, f64);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let mut a = self.0.averages();
+        a.running = a.running.saturating_sub(1);
+        a.started_sum_ms = if a.running == 0 {
+            0.0
+        } else {
+            a.started_sum_ms - self.1
+        };
     }
 }

@@ -22,6 +22,11 @@ pub trait PoolRequest: LlmRequest + Clone + Send + 'static {
     /// Sends the request as `model`.
     fn set_model(&mut self, model: &Arc<str>);
 
+    /// The model the request asks for, when it says.
+    fn model(&self) -> Option<Arc<str>> {
+        None
+    }
+
     /// The tokens it may use at most (for pacing): an upper bound of its
     /// input and its output cap. `None` when it cannot say.
     fn estimated_tokens(&self) -> Option<u64> {
@@ -32,6 +37,10 @@ pub trait PoolRequest: LlmRequest + Clone + Send + 'static {
 impl PoolRequest for ChatRequest {
     fn set_model(&mut self, model: &Arc<str>) {
         self.model = model.clone();
+    }
+
+    fn model(&self) -> Option<Arc<str>> {
+        Some(self.model.clone())
     }
 
     fn estimated_tokens(&self) -> Option<u64> {
@@ -367,10 +376,16 @@ where
             if let Some(model) = &m.model {
                 copy.set_model(model);
             }
-            let position = Link::of(&req).map_or(0, Link::position);
-            let model = Link::of(&req).map_or_else(|| Arc::from(""), |l| l.model_arc().clone());
+            // The deployment is the link its service sees (its circuit
+            // keys on it); position and what follows are the link's.
+            let outer = Link::of(&req);
+            let model = outer
+                .map(|l| l.model_arc().clone())
+                .or_else(|| req.model())
+                .unwrap_or_else(|| Arc::from(""));
             Link::new(m.name.clone(), model)
-                .with_position(position)
+                .with_position(outer.map_or(0, Link::position))
+                .with_alternates_after(outer.is_some_and(Link::has_alternates_after))
                 .store(&mut copy);
             if let Some((log, index)) = &record {
                 log.finish(*index, |r| r.provider = m.name.clone());
@@ -443,7 +458,19 @@ where
     fn two_choices(&self, open: &[usize]) -> usize {
         let a = self.draw(open, None);
         let b = self.draw(open, Some(a));
-        let score = |i: usize| self.members[i].load.score(self.members[i].weight);
+        // A deployment not yet measured counts as the pool's mean.
+        let known: Vec<f64> = self
+            .members
+            .iter()
+            .filter_map(|m| m.load.latency())
+            .collect();
+        let prior = if known.is_empty() {
+            0.0
+        } else {
+            known.iter().sum::<f64>() / known.len() as f64
+        };
+        let now = Instant::now();
+        let score = |i: usize| self.members[i].load.score(prior, now);
         if score(b) < score(a) { b } else { a }
     }
 
