@@ -327,7 +327,9 @@ impl Policy {
                         .ok_or_else(|| unknown(&link.provider))?;
                     provider(config, link)
                 }
-                Some(pool) => self.pool_stack(pool, link, &breaker, pacers, &mut provider)?,
+                Some(pool) => {
+                    self.pool_stack(pool, link, &breaker, pacers, metrics, &mut provider)?
+                }
             };
             let Some(price) = self.price(&link.provider, &link.model) else {
                 return Ok(BoxCloneSyncService::new(
@@ -523,6 +525,7 @@ impl Policy {
         link: &LinkConfig,
         breaker: &BreakerLayer<super::PolicyKey>,
         pacers: &Pools,
+        metrics: &Metrics,
         provider: &mut impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
     ) -> Result<RouteService<Res>, ConfigError>
     where
@@ -550,7 +553,7 @@ impl Policy {
             }
             deployments.push(deployment);
         }
-        let mut pool_svc = tower_llm_pool::Pool::new(deployments);
+        let mut pool_svc = tower_llm_pool::Pool::new(deployments).with_metrics(metrics.clone());
         if let Some(header) = &pool.affinity_header {
             let header = header.clone();
             pool_svc = pool_svc.with_affinity(move |req: &ChatRequest| {

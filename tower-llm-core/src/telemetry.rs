@@ -19,6 +19,7 @@
 //! | `ai_router_hedges_total` | counter, one per hedge decision | `outcome` ∈ `won`, `lost`, `skipped_budget` |
 //! | `ai_router_idempotent_replays_total` | counter, one per answer replayed from an idempotency store | none |
 //! | `ai_router_cost_total` | counter of dollars (a float), added as each priced attempt settles | `provider`, `model` |
+//! | `ai_router_pool_moves_total` | counter, one per call a pool moved away from a deployment (its own fault) | `provider` (the deployment left), `reason` ∈ a failure class label, `paced` |
 //!
 //! They are recorded by the layer that owns the call's [`AttemptLog`] (the
 //! outermost tower-llm layer), once, when the call ends (the hedge and
@@ -146,6 +147,7 @@ struct Instruments {
     deadline_exceeded: Counter<u64>,
     attempts_per_call: Histogram<u64>,
     cost: Counter<f64>,
+    pool_moves: Counter<u64>,
 }
 
 /// The per-call router metrics (see the [module docs](self)); cheap to
@@ -213,6 +215,12 @@ impl Metrics {
                 .f64_counter("ai_router_cost")
                 .with_description("What priced attempts cost, in dollars of the price table")
                 .build(),
+            pool_moves: meter
+                .u64_counter("ai_router_pool_moves")
+                .with_description(
+                    "Calls a pool moved from one deployment to another (the deployment's own fault)",
+                )
+                .build(),
         };
         Metrics {
             inner: Some(Arc::new(instruments)),
@@ -244,6 +252,19 @@ impl Metrics {
                 &[
                     KeyValue::new("provider", provider.provider_arc().clone()),
                     KeyValue::new("model", provider.model_arc().clone()),
+                ],
+            );
+        }
+    }
+
+    /// Counts one call a pool moved away from deployment `from`.
+    pub(crate) fn count_pool_move(&self, from: &std::sync::Arc<str>, reason: &'static str) {
+        if let Some(m) = self.inner.as_deref() {
+            m.pool_moves.add(
+                1,
+                &[
+                    KeyValue::new("provider", from.clone()),
+                    KeyValue::new("reason", reason),
                 ],
             );
         }

@@ -8,7 +8,8 @@ use std::task::{Context, Poll};
 
 use tokio::time::Instant;
 use tower::ServiceExt as _;
-use tower_llm_core::layer::AttemptLogExt as _;
+use tower_llm_core::layer::{AttemptLogExt as _, MetricsExt as _};
+use tower_llm_core::telemetry::Metrics;
 use tower_llm_core::{AttemptLog, ChatRequest, Deadline, Failure, FailureClass, Link, LlmRequest};
 use tower_llm_retry::{RandomSource, SplitMix64};
 use tower_service::Service;
@@ -160,6 +161,7 @@ pub struct Pool<S, R = ChatRequest> {
     members: Arc<[Member<S>]>,
     random: Arc<dyn RandomSource>,
     affinity: Option<AffinityFn<R>>,
+    metrics: Metrics,
 }
 
 impl<S, R> Clone for Pool<S, R> {
@@ -168,6 +170,7 @@ impl<S, R> Clone for Pool<S, R> {
             members: self.members.clone(),
             random: self.random.clone(),
             affinity: self.affinity.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -215,7 +218,16 @@ impl<S, R> Pool<S, R> {
             members: members.into(),
             random: Arc::new(SplitMix64::from_entropy()),
             affinity: None,
+            metrics: Metrics::disabled(),
         }
+    }
+
+    /// Counts the calls moved from one deployment to another
+    /// (`ai_router_pool_moves_total{provider,reason}`) on `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Draws at random from `random` (seeded in tests).
@@ -365,6 +377,7 @@ where
                 Some(pacer) => match pacer.try_take(tokens.unwrap_or(0)) {
                     Ok(ticket) => Some(ticket),
                     Err(room_at) => {
+                        self.metrics.record_pool_move(&m.name, "paced");
                         m.load.cool_until(room_at);
                         soonest = Some(soonest.map_or(room_at, |s| s.min(room_at)));
                         last.get_or_insert_with(|| paced(soonest, now));
@@ -415,6 +428,8 @@ where
                             pacer.hold_off(wait);
                         }
                     }
+                    self.metrics
+                        .record_pool_move(&m.name, failure.class().as_metric_label());
                     last = Some(failure);
                 }
                 Err(failure) => return Err(failure),

@@ -24,6 +24,11 @@ pub trait MetricsExt: Sealed {
 
     /// Adds what one attempt on `link` cost (`ai_router_cost_total`).
     fn record_cost(&self, link: &crate::Link, cost: crate::Cost);
+
+    /// Counts a call a pool moved away from deployment `from`, for
+    /// `reason` (a failure class label, or `paced`)
+    /// (`ai_router_pool_moves_total`).
+    fn record_pool_move(&self, from: &std::sync::Arc<str>, reason: &'static str);
 }
 
 impl MetricsExt for Metrics {
@@ -41,6 +46,10 @@ impl MetricsExt for Metrics {
 
     fn record_cost(&self, link: &crate::Link, cost: crate::Cost) {
         self.count_cost(link, cost);
+    }
+
+    fn record_pool_move(&self, from: &std::sync::Arc<str>, reason: &'static str) {
+        self.count_pool_move(from, reason);
     }
 }
 
