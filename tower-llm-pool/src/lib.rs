@@ -37,12 +37,18 @@
 //! # }
 //! ```
 
+mod headers;
 mod load;
+mod observe;
 mod pacer;
 mod pool;
 
+pub use headers::{
+    HeaderIssue, HeaderIssues, LimitHeaders, MAX_HEADER_COUNT, MAX_HEADER_WAIT, RateLimitHeaders,
+};
 pub use load::{DeploymentLoad, LoadSnapshot};
-pub use pacer::{PaceLimits, PaceTicket, Pacer};
+pub use observe::{ObserveFuture, ObserveRateLimits, ObserveRateLimitsLayer};
+pub use pacer::{PaceLimits, PaceSnapshot, PaceTicket, Pacer};
 pub use pool::{
     AffinityFn, Deployment, DeploymentStatus, Pool, PoolFuture, PoolRequest, PoolStatus,
 };
