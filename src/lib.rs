@@ -157,8 +157,10 @@ pub mod cost {
 /// Pools of deployments and their pacing ([`tower_llm_pool`]).
 pub mod pool {
     pub use tower_llm_pool::{
-        AffinityFn, Deployment, DeploymentLoad, DeploymentStatus, LoadSnapshot, PaceLimits,
-        PaceTicket, Pacer, Pool, PoolFuture, PoolRequest, PoolStatus,
+        AffinityFn, Deployment, DeploymentLoad, DeploymentStatus, HeaderIssue, HeaderIssues,
+        LimitHeaders, LoadSnapshot, MAX_HEADER_COUNT, MAX_HEADER_WAIT, ObserveFuture,
+        ObserveRateLimits, ObserveRateLimitsLayer, PaceLimits, PaceSnapshot, PaceTicket, Pacer,
+        Pool, PoolAnswer, PoolFuture, PoolRequest, PoolStatus, RateLimitHeaders,
     };
 }
 

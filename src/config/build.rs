@@ -212,7 +212,7 @@ impl Policy {
         provider: impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
     ) -> Result<RouteService<Res>, ConfigError>
     where
-        Res: RouteAnswer + IdempotentAnswer + CostAnswer,
+        Res: RouteAnswer + IdempotentAnswer + CostAnswer + tower_llm_pool::PoolAnswer,
     {
         let hedges = HedgeBudgets::new();
         let quota = self.memory_quota();
@@ -254,7 +254,7 @@ impl Policy {
         mut provider: impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
     ) -> Result<RouteService<Res>, ConfigError>
     where
-        Res: RouteAnswer + IdempotentAnswer + CostAnswer,
+        Res: RouteAnswer + IdempotentAnswer + CostAnswer + tower_llm_pool::PoolAnswer,
     {
         let BuildContext {
             breaker,
@@ -529,7 +529,7 @@ impl Policy {
         provider: &mut impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
     ) -> Result<RouteService<Res>, ConfigError>
     where
-        Res: Send + 'static,
+        Res: tower_llm_pool::PoolAnswer + Send + 'static,
     {
         let mut deployments = Vec::with_capacity(pool.deployments.len());
         for (d, dlink) in pool.deployments.iter().zip(self.deployments_of(link)) {
@@ -565,6 +565,25 @@ impl Policy {
                 let mut h = std::hash::DefaultHasher::new();
                 std::hash::Hash::hash(value.as_bytes(), &mut h);
                 Some(std::hash::Hasher::finish(&h))
+            });
+        }
+        pool_svc = pool_svc.with_queue(
+            pool.max_waiting.unwrap_or(256),
+            Duration::from_millis(pool.max_wait_ms.unwrap_or(60_000)),
+        );
+        if let Some(header) = &pool.priority_header {
+            let header = header.clone();
+            pool_svc = pool_svc.with_priority(move |req: &ChatRequest| {
+                let low = req
+                    .extensions
+                    .get::<InboundHeaders>()
+                    .and_then(|h| h.0.get(header.as_str()))
+                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"low"));
+                if low {
+                    tower_llm_pool::Priority::Low
+                } else {
+                    tower_llm_pool::Priority::Normal
+                }
             });
         }
         pacers.built(&pool.name, pool_svc.status_handle());

@@ -53,6 +53,20 @@ pub struct PoolConfig {
     /// cache stays warm); default: none, every call is chosen by load.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity_header: Option<String>,
+    /// `max_waiting`: when no deployment has room under its limits, at
+    /// most this many calls wait for the soonest room (default 256); the
+    /// others fail at once (rate limited) and fail over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_waiting: Option<usize>,
+    /// `max_wait_ms`: the longest a call waits for room (default 60,000;
+    /// never past its deadline).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wait_ms: Option<u64>,
+    /// `priority_header`: a request whose value of this header is `low`
+    /// is background work: it never waits for room, so it is shed first
+    /// (default: none, every call may wait).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_header: Option<String>,
 }
 
 /// One deployment of a `[[pools]]` entry.
@@ -131,10 +145,20 @@ impl Policy {
                     ));
                 }
             }
-            if let Some(h) = &pool.affinity_header {
-                if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
-                    p.push(format!("{at}: affinity_header {h:?} is not a header name"));
+            for (key, header) in [
+                ("affinity_header", &pool.affinity_header),
+                ("priority_header", &pool.priority_header),
+            ] {
+                if let Some(h) = header {
+                    if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                        p.push(format!("{at}: {key} {h:?} is not a header name"));
+                    }
                 }
+            }
+            if pool.max_wait_ms == Some(0) {
+                p.push(format!(
+                    "{at}: max_wait_ms must be above 0 (max_waiting = 0 waits never)"
+                ));
             }
         }
     }

@@ -15,6 +15,7 @@ use tower_llm::config::{
 };
 use tower_llm::cost::{CostAnswer, QuotaStore};
 use tower_llm::idempotency::{IdempotencyLayer, IdempotentAnswer};
+use tower_llm::pool::{ObserveRateLimitsLayer, PoolAnswer};
 use tower_llm::{
     ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics, Metrics,
 };
@@ -105,7 +106,21 @@ pub(crate) fn build(
             Some(limit) => connect_with(limit),
             None => transport.clone(),
         };
-        let built = provider.services(key, transport, policy.stream, genai, bulkhead)?;
+        // A deployment of a pool: its pacer reads every answer's
+        // rate-limit headers.
+        let pooled = policy
+            .pools
+            .iter()
+            .any(|pool| pool.deployments.iter().any(|d| d.provider == provider.name));
+        let built = if pooled {
+            let observed = tower::Layer::layer(
+                &ObserveRateLimitsLayer::new(pacers.of(&provider)),
+                transport,
+            );
+            provider.services(key, observed, policy.stream, genai, bulkhead)?
+        } else {
+            provider.services(key, transport, policy.stream, genai, bulkhead)?
+        };
         services.push((provider, built));
     }
     let find = |p: &ProviderConfig, link: &LinkConfig| {
@@ -161,7 +176,7 @@ pub(crate) fn build(
 
 /// One route's stack over the services `find` gives for its links, the
 /// unary or streaming one (`pick`).
-fn route_stack<Res: RouteAnswer + IdempotentAnswer + CostAnswer>(
+fn route_stack<Res: RouteAnswer + IdempotentAnswer + CostAnswer + PoolAnswer>(
     policy: &Policy,
     route: &RouteConfig,
     with: BuildContext<'_>,

@@ -50,5 +50,6 @@ pub use load::{DeploymentLoad, LoadSnapshot};
 pub use observe::{ObserveFuture, ObserveRateLimits, ObserveRateLimitsLayer};
 pub use pacer::{PaceLimits, PaceSnapshot, PaceTicket, Pacer};
 pub use pool::{
-    AffinityFn, Deployment, DeploymentStatus, Pool, PoolFuture, PoolRequest, PoolStatus,
+    AffinityFn, Deployment, DeploymentStatus, Pool, PoolAnswer, PoolFuture, PoolRequest,
+    PoolStatus, Priority, PriorityFn,
 };

@@ -50,7 +50,7 @@ struct Averages {
     started_sum_ms: f64,
 }
 
-/// What [`Load::snapshot`] reads.
+/// What [`DeploymentLoad::snapshot`] reads.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LoadSnapshot {
     /// Calls in flight.

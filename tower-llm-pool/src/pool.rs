@@ -121,6 +121,9 @@ impl<S> Deployment<S> {
     }
 }
 
+/// The calls a pool lets wait for room, by default.
+const DEFAULT_MAX_WAITING: usize = 256;
+
 /// How a pool picks a deployment.
 pub(crate) struct Member<S> {
     pub(crate) name: Arc<str>,
@@ -162,6 +165,74 @@ pub struct Pool<S, R = ChatRequest> {
     random: Arc<dyn RandomSource>,
     affinity: Option<AffinityFn<R>>,
     metrics: Metrics,
+    queue: Arc<Queue<R>>,
+}
+
+/// How urgent a call is, when every deployment is paced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Priority {
+    /// Waits for room, like a normal call.
+    High,
+    /// Waits for room within its deadline and the pool's queue.
+    #[default]
+    Normal,
+    /// Background work: never waits; it fails (and fails over) at once
+    /// when no deployment has room, so it is shed before the others.
+    Low,
+}
+
+/// How a pool tells a call's [`Priority`].
+pub type PriorityFn<R> = Arc<dyn Fn(&R) -> Priority + Send + Sync>;
+
+/// The calls waiting for room in a pool: at most `max`, each at most
+/// `max_wait` and never past its deadline.
+pub(crate) struct Queue<R> {
+    max: usize,
+    max_wait: std::time::Duration,
+    waiting: std::sync::atomic::AtomicUsize,
+    priority: Option<PriorityFn<R>>,
+}
+
+/// A place in a pool's queue, given back when dropped.
+pub(crate) struct Waiting<'a, R>(&'a Queue<R>);
+
+impl<R> Drop for Waiting<'_, R> {
+    fn drop(&mut self) {
+        self.0
+            .waiting
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl<R: LlmRequest> Queue<R> {
+    /// A place to wait until `at` for `req`, if it may wait that long.
+    fn admit(&self, req: &R, at: Instant, now: Instant) -> Option<Waiting<'_, R>> {
+        use std::sync::atomic::Ordering;
+        let wait = at.saturating_duration_since(now);
+        if wait > self.max_wait
+            || self
+                .priority
+                .as_ref()
+                .is_some_and(|p| p(req) == Priority::Low)
+            || Deadline::of(req).is_some_and(|d| d.remaining() <= wait)
+        {
+            return None;
+        }
+        let mut n = self.waiting.load(Ordering::Acquire);
+        loop {
+            if n >= self.max {
+                return None;
+            }
+            match self
+                .waiting
+                .compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(Waiting(self)),
+                Err(seen) => n = seen,
+            }
+        }
+    }
 }
 
 impl<S, R> Clone for Pool<S, R> {
@@ -171,6 +242,7 @@ impl<S, R> Clone for Pool<S, R> {
             random: self.random.clone(),
             affinity: self.affinity.clone(),
             metrics: self.metrics.clone(),
+            queue: self.queue.clone(),
         }
     }
 }
@@ -194,6 +266,8 @@ pub struct DeploymentStatus {
     pub load: LoadSnapshot,
     /// No call goes to it before this (a 429's `Retry-After`).
     pub cooling_for: Option<std::time::Duration>,
+    /// Its pacer's buckets, when it is paced.
+    pub pacing: Option<crate::PaceSnapshot>,
 }
 
 impl<S, R> Pool<S, R> {
@@ -219,7 +293,45 @@ impl<S, R> Pool<S, R> {
             random: Arc::new(SplitMix64::from_entropy()),
             affinity: None,
             metrics: Metrics::disabled(),
+            queue: Arc::new(Queue {
+                max: DEFAULT_MAX_WAITING,
+                max_wait: crate::MAX_HEADER_WAIT,
+                waiting: std::sync::atomic::AtomicUsize::new(0),
+                priority: None,
+            }),
         }
+    }
+
+    /// When every deployment is paced, at most `max_waiting` calls wait
+    /// for room (default 256), each at most `max_wait` (default 60 s) and
+    /// never past its deadline; the others fail at once (rate limited,
+    /// with the time to the soonest room), and a fallback layer fails them
+    /// over. Waiters choose again when the soonest room comes, in no
+    /// stricter order than their timers fire.
+    #[must_use]
+    pub fn with_queue(mut self, max_waiting: usize, max_wait: std::time::Duration) -> Self {
+        self.queue = Arc::new(Queue {
+            max: max_waiting,
+            max_wait,
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+            priority: self.queue.priority.clone(),
+        });
+        self
+    }
+
+    /// Tells each call's [`Priority`]: a low one never waits for room.
+    #[must_use]
+    pub fn with_priority(
+        mut self,
+        priority: impl Fn(&R) -> Priority + Send + Sync + 'static,
+    ) -> Self {
+        self.queue = Arc::new(Queue {
+            max: self.queue.max,
+            max_wait: self.queue.max_wait,
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+            priority: Some(Arc::new(priority)),
+        });
+        self
     }
 
     /// Counts the calls moved from one deployment to another
@@ -286,11 +398,12 @@ impl PoolStatus {
         let now = Instant::now();
         self.members
             .iter()
-            .map(|(name, weight, load, _)| DeploymentStatus {
+            .map(|(name, weight, load, pacer)| DeploymentStatus {
                 name: name.clone(),
                 weight: *weight,
                 load: load.snapshot(),
                 cooling_for: load.cooling(now).map(|t| t - now),
+                pacing: pacer.as_ref().map(|p| p.snapshot()),
             })
             .collect()
     }
@@ -323,7 +436,7 @@ where
     S: Service<R, Response = Res, Error = Failure> + Clone + Send + Sync + 'static,
     S::Future: Send,
     R: PoolRequest,
-    Res: Send + 'static,
+    Res: PoolAnswer + Send + 'static,
 {
     type Response = Res;
     type Error = Failure;
@@ -345,6 +458,7 @@ where
     S: Service<R, Response = Res, Error = Failure> + Clone + Send + Sync + 'static,
     S::Future: Send,
     R: PoolRequest,
+    Res: PoolAnswer,
 {
     async fn send(self, req: R) -> Result<Res, Failure> {
         let n = self.members.len();
@@ -368,23 +482,32 @@ where
                 }
             }
             let Some(i) = self.pick(&open, key) else {
+                // Nothing can take the call now: wait for the soonest room
+                // (within the call's deadline and the pool's queue), then
+                // choose again; else fail with the last fault.
+                if let Some(at) = soonest {
+                    if let Some(_slot) = self.queue.admit(&req, at, now) {
+                        tokio::time::sleep_until(at).await;
+                        continue;
+                    }
+                }
                 return Err(last.unwrap_or_else(|| paced(soonest, now)));
             };
-            tried[i] = true;
             let m = &self.members[i];
             let ticket = match &m.pacer {
                 None => None,
                 Some(pacer) => match pacer.try_take(tokens.unwrap_or(0)) {
                     Ok(ticket) => Some(ticket),
                     Err(room_at) => {
+                        // No room here before `room_at`: not open till then.
                         self.metrics.record_pool_move(&m.name, "paced");
-                        m.load.cool_until(room_at);
-                        soonest = Some(soonest.map_or(room_at, |s| s.min(room_at)));
-                        last.get_or_insert_with(|| paced(soonest, now));
+                        m.load
+                            .cool_until(room_at.max(now + std::time::Duration::from_millis(1)));
                         continue;
                     }
                 },
             };
+            tried[i] = true;
             let mut copy = req.clone();
             if let Some(model) = &m.model {
                 copy.set_model(model);
@@ -423,6 +546,9 @@ where
                     if let (FailureClass::RateLimited, Some(wait)) =
                         (failure.class(), failure.retry_after())
                     {
+                        // A lying Retry-After cannot take a deployment out
+                        // for longer than the pacer's cap.
+                        let wait = wait.min(crate::MAX_HEADER_WAIT);
                         m.load.cool_until(Instant::now() + wait);
                         if let Some(pacer) = &m.pacer {
                             pacer.hold_off(wait);
@@ -509,11 +635,35 @@ where
     }
 }
 
-/// What a settled ticket used: the answer's usage is not known here (a
-/// stream's is not known yet): the whole ticket stays taken.
-fn ticket_tokens<Res>(_result: &Result<Res, Failure>) -> Option<u64> {
-    None
+/// What a settled ticket used: the answer's usage (a failure used
+/// nothing a provider counts; a stream's usage is not known yet, so the
+/// whole ticket stays taken).
+fn ticket_tokens<Res: PoolAnswer>(result: &Result<Res, Failure>) -> Option<u64> {
+    match result {
+        Ok(answer) => answer.used_tokens(),
+        Err(failure) if failure.http_status().is_some() => Some(0),
+        Err(_) => None,
+    }
 }
+
+/// An answer a pool can read its token usage from, to give back to its
+/// deployment's pacer what the request did not use.
+pub trait PoolAnswer {
+    /// The tokens the call used, when known now.
+    fn used_tokens(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl PoolAnswer for tower_llm_core::ChatResponse {
+    fn used_tokens(&self) -> Option<u64> {
+        let total = self.usage.total_tokens();
+        (total > 0).then_some(u64::from(total))
+    }
+}
+
+/// A stream's usage comes at its end: what was taken stays taken.
+impl PoolAnswer for tower_llm_core::ChatStream {}
 
 /// The failure of a call no deployment could take now: rate limited,
 /// with the soonest time any has room.

@@ -272,14 +272,14 @@ impl Gateway {
             let _ = write!(
                 page,
                 "<h2>Pool <code>{}</code></h2><table><tr><th>deployment</th><th>weight</th><th>in flight</th>\
-<th>latency (moving average)</th><th>failures (moving average)</th><th>cooling</th></tr>",
+<th>latency (moving average)</th><th>failures (moving average)</th><th>cooling</th><th>rate limits left</th></tr>",
                 escape(&pool.name)
             );
             for d in status.deployments() {
                 let _ = write!(
                     page,
                     "<tr><td><code>{}</code></td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
-<td class=\"num\">{:.0} ms</td><td class=\"num\">{:.0} %</td><td>{}</td></tr>",
+<td class=\"num\">{:.0} ms</td><td class=\"num\">{:.0} %</td><td>{}</td><td>{}</td></tr>",
                     escape(&d.name),
                     d.weight,
                     d.load.in_flight,
@@ -287,10 +287,35 @@ impl Gateway {
                     d.load.failure_rate * 100.0,
                     d.cooling_for
                         .map_or_else(|| "no".to_owned(), |c| format!("for {} ms", c.as_millis())),
+                    pacing_text(d.pacing.as_ref()),
                 );
             }
             page.push_str("</table>");
         }
+    }
+}
+
+/// A pacer's buckets, for the page: requests and tokens left of the
+/// per-minute limits in force.
+fn pacing_text(pacing: Option<&tower_llm::pool::PaceSnapshot>) -> String {
+    let Some(p) = pacing else {
+        return "not paced".to_owned();
+    };
+    let part = |left: Option<u64>, limit: Option<u32>, what: &str| match (left, limit) {
+        (Some(left), Some(limit)) => Some(format!("{left} / {limit} {what}")),
+        _ => None,
+    };
+    let parts: Vec<String> = [
+        part(p.requests, p.limits.rpm, "requests"),
+        part(p.tokens, p.limits.tpm, "tokens"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if parts.is_empty() {
+        "no limit known".to_owned()
+    } else {
+        parts.join(", ")
     }
 }
 
