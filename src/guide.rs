@@ -15,6 +15,7 @@
 //! | [`providers`](crate::guide::providers) | OpenAI, Anthropic and Bedrock: wire formats, error classification, content filters, secrets, test doubles |
 //! | [`streaming`](crate::guide::streaming) | the commit point, timeouts, truncation, wire formats |
 //! | [`telemetry`](crate::guide::telemetry) | metrics, spans, trace propagation, wiring an SDK |
+//! | [`pools`](crate::guide::pools) | one model over several keys and deployments: choice, moves, pacing under rate limits |
 //! | [`cost`](crate::guide::cost) | prices, one call's budget, tenant quotas (in process or on Redis), what each attempt is charged |
 //! | [`redis`](crate::guide::redis) | circuits and idempotent answers shared between replicas |
 //! | [`gateway`](crate::guide::gateway) | the gateway: running it, endpoints, errors, behaviour, server limits |
@@ -36,6 +37,9 @@ pub mod streaming {}
 
 #[doc = include_str!("../docs/telemetry.md")]
 pub mod telemetry {}
+
+#[doc = include_str!("../docs/pools.md")]
+pub mod pools {}
 
 #[doc = include_str!("../docs/cost.md")]
 pub mod cost {}
