@@ -23,7 +23,7 @@
 //!
 //! `TYPED_PROFILE=variant:calls` makes only that many calls of one variant
 //! (`bare`, `healthy`, `open`, `tower`, `resilience`, `priced`, `budget`,
-//! `quota`) on the 20-message
+//! `quota`, `pool`, `paced`) on the 20-message
 //! request and exits, for `valgrind --tool=callgrind` (instruction counts
 //! do not drift with the VM; see `scripts/instructions.py`).
 
@@ -42,6 +42,7 @@ use tower_llm::breaker::BreakerLayer;
 use tower_llm::cost::{BudgetLayer, CostLayer, Limits, MemoryQuota, QuotaConfig, QuotaStore};
 use tower_llm::deadline::DeadlineLayer;
 use tower_llm::fallback::{FallbackLayer, LinkSpec};
+use tower_llm::pool::{Deployment, PaceLimits, Pacer, Pool};
 use tower_llm::retry::RetryLayer;
 use tower_llm::{
     ChatRequest, ChatResponse, Choice, Cost, Failure, FinishReason, Message, Metrics, Price,
@@ -195,6 +196,49 @@ fn budgeted() -> impl Service<ChatRequest, Response = ChatResponse, Error = Fail
     let cost = CostLayer::new(price()).with_max_output_tokens(1_024);
     let budget = BudgetLayer::new(Cost::from_dollars(1.0).expect("a budget"));
     stack!(BreakerLayer::new(), cost, budget)
+}
+
+/// The full stack whose links are each a pool of three deployments of
+/// the terminal (power of two choices; `paced`: each with a pacer of
+/// limits it never reaches).
+fn pooled(
+    paced: bool,
+) -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
+    let breaker = BreakerLayer::new();
+    let deployments = |_: ()| {
+        let limits = PaceLimits {
+            rpm: Some(u32::MAX),
+            tpm: Some(u32::MAX),
+        };
+        Pool::new(
+            ["east", "west", "north"]
+                .into_iter()
+                .map(|name| {
+                    let d = Deployment::new(name, bare());
+                    if paced {
+                        d.with_pacer(Arc::new(Pacer::new(limits)))
+                    } else {
+                        d
+                    }
+                })
+                .collect(),
+        )
+    };
+    let link = || {
+        ServiceBuilder::new()
+            .llm_retry(RetryLayer::new())
+            .llm_breaker(breaker.clone())
+            .service(deployments(()))
+    };
+    let fallback = FallbackLayer::builder(LinkSpec::new("openai", "gpt-4o"))
+        .or(LinkSpec::new("anthropic", "claude-sonnet-4-5"), link())
+        .or(LinkSpec::new("bedrock", "nova-pro"), link())
+        .build()
+        .expect("valid chain");
+    ServiceBuilder::new()
+        .layer(DeadlineLayer::new(Duration::from_secs(30)).with_metrics(Metrics::global()))
+        .llm_fallback(fallback)
+        .service(link())
 }
 
 /// Priced, and each attempt held to a tenant quota in memory.
@@ -383,6 +427,8 @@ fn profile_only() {
         "priced" => run(priced(), &req, calls),
         "budget" => run(budgeted(), &req, calls),
         "quota" => run(quota(), &req, calls),
+        "pool" => run(pooled(false), &req, calls),
+        "paced" => run(pooled(true), &req, calls),
         other => panic!("unknown TYPED_PROFILE variant {other:?}"),
     }
     std::process::exit(0);
@@ -437,6 +483,8 @@ fn main() {
         cost_row("priced (a cost layer per link)", priced(), &req);
         cost_row("priced + a per-call budget", budgeted(), &req);
         cost_row("priced + a tenant quota in memory", quota(), &req);
+        cost_row("a pool of 3 per link (unpaced)", pooled(false), &req);
+        cost_row("a pool of 3 per link, paced", pooled(true), &req);
         let (ba, bb) = allocations(&mut plain, &req);
         println!("  allocations per call over bare ({ba:.1} allocations, {bb:.0} bytes):");
         for (variant, (a, bytes)) in [

@@ -37,6 +37,8 @@ TYPED_VARIANTS = [
     ("priced", "tower-llm full stack + a cost layer per link"),
     ("budget", "tower-llm full stack + cost layers + a budget"),
     ("quota", "tower-llm full stack + cost layers + a quota in memory"),
+    ("pool", "tower-llm full stack, each link a pool of 3"),
+    ("paced", "tower-llm full stack, each link a paced pool of 3"),
 ]
 N = 1000
 

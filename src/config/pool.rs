@@ -124,6 +124,13 @@ impl Policy {
             if pool.deployments.is_empty() {
                 p.push(format!("{at}: deployments is empty"));
             }
+            if pool.deployments.len() > tower_llm_pool::MAX_DEPLOYMENTS {
+                p.push(format!(
+                    "{at}: {} deployments; at most {}",
+                    pool.deployments.len(),
+                    tower_llm_pool::MAX_DEPLOYMENTS
+                ));
+            }
             let mut providers = std::collections::HashSet::new();
             for d in &pool.deployments {
                 if !names.contains(d.provider.as_str()) {

@@ -50,6 +50,6 @@ pub use load::{DeploymentLoad, LoadSnapshot};
 pub use observe::{ObserveFuture, ObserveRateLimits, ObserveRateLimitsLayer};
 pub use pacer::{PaceLimits, PaceSnapshot, PaceTicket, Pacer};
 pub use pool::{
-    AffinityFn, Deployment, DeploymentStatus, Pool, PoolAnswer, PoolFuture, PoolRequest,
-    PoolStatus, Priority, PriorityFn,
+    AffinityFn, Deployment, DeploymentStatus, MAX_DEPLOYMENTS, Pool, PoolAnswer, PoolFuture,
+    PoolRequest, PoolStatus, Priority, PriorityFn,
 };

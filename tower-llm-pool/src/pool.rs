@@ -121,6 +121,10 @@ impl<S> Deployment<S> {
     }
 }
 
+/// The most deployments a pool uses (those past it are ignored; the
+/// policy refuses more).
+pub const MAX_DEPLOYMENTS: usize = 64;
+
 /// The calls a pool lets wait for room, by default.
 const DEFAULT_MAX_WAITING: usize = 256;
 
@@ -461,8 +465,9 @@ where
     Res: PoolAnswer,
 {
     async fn send(self, req: R) -> Result<Res, Failure> {
-        let n = self.members.len();
-        let mut tried = vec![false; n];
+        let n = self.members.len().min(MAX_DEPLOYMENTS);
+        // Deployments called in this attempt (a bit each: no allocation).
+        let mut tried: u64 = 0;
         let mut last: Option<Failure> = None;
         let record = AttemptLog::of(&req).and_then(|log| Some((log.clone(), log.in_flight()?)));
         let key = self.affinity.as_ref().and_then(|f| f(&req));
@@ -470,18 +475,22 @@ where
         loop {
             let now = Instant::now();
             // Who can take the call now, and when the soonest paced one can.
-            let mut open = Vec::with_capacity(n);
+            let mut open_at = [0usize; MAX_DEPLOYMENTS];
+            let mut open_n = 0;
             let mut soonest: Option<Instant> = None;
-            for (i, m) in self.members.iter().enumerate() {
-                if tried[i] {
+            for (i, m) in self.members.iter().enumerate().take(n) {
+                if tried & (1 << i) != 0 {
                     continue;
                 }
                 match m.load.cooling(now) {
                     Some(until) => soonest = Some(soonest.map_or(until, |s| s.min(until))),
-                    None => open.push(i),
+                    None => {
+                        open_at[open_n] = i;
+                        open_n += 1;
+                    }
                 }
             }
-            let Some(i) = self.pick(&open, key) else {
+            let Some(i) = self.pick(&open_at[..open_n], key) else {
                 // Nothing can take the call now: wait for the soonest room
                 // (within the call's deadline and the pool's queue), then
                 // choose again; else fail with the last fault.
@@ -507,7 +516,7 @@ where
                     }
                 },
             };
-            tried[i] = true;
+            tried |= 1 << i;
             let mut copy = req.clone();
             if let Some(model) = &m.model {
                 copy.set_model(model);
@@ -600,15 +609,15 @@ where
         let a = self.draw(open, None);
         let b = self.draw(open, Some(a));
         // A deployment not yet measured counts as the pool's mean.
-        let known: Vec<f64> = self
+        let (sum, count) = self
             .members
             .iter()
             .filter_map(|m| m.load.latency())
-            .collect();
-        let prior = if known.is_empty() {
+            .fold((0.0, 0u32), |(s, n), l| (s + l, n + 1));
+        let prior = if count == 0 {
             0.0
         } else {
-            known.iter().sum::<f64>() / known.len() as f64
+            sum / f64::from(count)
         };
         let now = Instant::now();
         let score = |i: usize| self.members[i].load.score(prior, now);
