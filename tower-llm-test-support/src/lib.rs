@@ -3,6 +3,11 @@
 //! [`RedisServer`]: a real `redis-server` of the test's own, on a free
 //! loopback port, that the test can kill, freeze and restart.
 //!
+//! [`LimitedUpstream`]: an OpenAI-compatible chat endpoint on a free
+//! loopback port that enforces requests and tokens per window for each
+//! API key, answers 429 over them, states OpenAI's `x-ratelimit-*`
+//! headers, and counts what each key was sent ([`limited`]).
+//!
 //! The binary is `redis-server` on `PATH` (or `$TOWER_LLM_REDIS_SERVER`).
 //! Without it, a test skips with a message, unless `CI` is set: then it
 //! fails (`.ci/run` sets `CI` and installs the server).
@@ -12,6 +17,10 @@ use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+pub mod limited;
+
+pub use limited::{KeyStats, LimitedUpstream, Limits};
 
 /// A `redis-server` process of the test's own; killed when dropped.
 #[derive(Debug)]

@@ -14,6 +14,7 @@ mod hostile;
 mod layers;
 mod models;
 mod named_policies;
+mod pool_limits;
 mod pools;
 mod reload_on_signal;
 mod status_page;
