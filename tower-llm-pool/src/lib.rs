@@ -6,7 +6,10 @@
 //!   call that meets a deployment's own fault (429, 5xx, open circuit,
 //!   quota, pacing) to another deployment at once.
 //! - [`Pacer`]: one deployment's request and token buckets
-//!   ([`PaceLimits`]).
+//!   ([`PaceLimits`]); [`Pacer::with_shared`] adds the fleet's buckets
+//!   of the deployment (a [`SharedPacing`] store, such as
+//!   `tower-llm-pool-redis`'s), so replicas together stay within its
+//!   limits.
 //!
 //! Place a pool where one provider service would be: inside the retry
 //! (and cost) layers of a link, each deployment behind its own circuit
@@ -48,7 +51,9 @@ pub use headers::{
 };
 pub use load::{DeploymentLoad, LoadSnapshot};
 pub use observe::{ObserveFuture, ObserveRateLimits, ObserveRateLimitsLayer};
-pub use pacer::{PaceLimits, PaceSnapshot, PaceTicket, Pacer};
+pub use pacer::{
+    PaceLimits, PaceSnapshot, PaceTicket, Pacer, SharedPacing, SharedTake, SharedTicket,
+};
 pub use pool::{
     AffinityFn, Deployment, DeploymentStatus, MAX_DEPLOYMENTS, Pool, PoolAnswer, PoolFuture,
     PoolRequest, PoolStatus, Priority, PriorityFn,

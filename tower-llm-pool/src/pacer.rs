@@ -1,5 +1,8 @@
 //! [`Pacer`]: one deployment's request and token buckets.
 
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -50,6 +53,18 @@ const SCALE: u128 = 60_000_000_000;
 ///
 /// One short mutex per call; no allocation.
 ///
+/// # Shared across replicas
+///
+/// A pacer's buckets are its process's: two replicas each allow the whole
+/// of a deployment's limits. [`with_shared`](Self::with_shared) adds the
+/// fleet's buckets (a [`SharedPacing`] store, such as
+/// `tower-llm-pool-redis`'s `RedisPacing`): [`take`](Self::take) takes
+/// from this pacer first (what the provider's headers say, read per
+/// replica), then from the fleet's buckets of the configured limits, and
+/// the ticket's [`settle`](PaceTicket::settle) gives back to both what the
+/// request did not use. Without a shared store, `take` is `try_take`:
+/// nothing is awaited or allocated.
+///
 /// ```
 /// use std::time::Duration;
 /// use tokio::time::Instant;
@@ -86,6 +101,104 @@ const SCALE: u128 = 60_000_000_000;
 pub struct Pacer {
     limits: PaceLimits,
     shared: Arc<Shared>,
+    /// The fleet's buckets, when shared across replicas.
+    fleet: Option<Fleet>,
+}
+
+/// A pacer's shared store and the name its deployment has there.
+#[derive(Debug, Clone)]
+struct Fleet {
+    store: Arc<dyn SharedPacing>,
+    deployment: Arc<str>,
+}
+
+/// The fleet's buckets of one deployment, shared by every replica (every
+/// process) that sends to it: [`Pacer::with_shared`].
+///
+/// A store keeps, per deployment name, a request bucket and a token
+/// bucket refilling continuously at their per-minute limit over 60 s
+/// (their capacity is that limit, a limit of 0 counts as 1, a limit not
+/// set is not paced), like a [`Pacer`]'s, and takes from both at once or
+/// from neither. A request larger than a bucket's capacity goes through
+/// when the bucket is full.
+///
+/// Implementations must answer `take` within a bounded time (a store
+/// that cannot reach its backend paces in-process, at a stated share of
+/// the limits, and says so with a [`SharedTicket::local`] ticket).
+pub trait SharedPacing: Send + Sync + fmt::Debug {
+    /// Takes one request and `tokens` (estimated) from `deployment`'s
+    /// buckets of `limits` (the pacer's configured limits), or says when
+    /// they will have room.
+    ///
+    /// A take whose future is dropped before it resolves may keep what
+    /// it took (the buckets refill within 60 s).
+    ///
+    /// # Errors
+    ///
+    /// The instant at which the buckets will have room for this request:
+    /// nothing was taken.
+    fn take<'a>(&'a self, deployment: &'a str, limits: PaceLimits, tokens: u64) -> SharedTake<'a>;
+
+    /// Gives `tokens` back to `deployment`'s token bucket (never past its
+    /// capacity, from `limits`): what a request took and did not use.
+    /// Never waits (a store queues it, or drops it: a bucket short of
+    /// tokens refills within 60 s).
+    fn give_back(&self, deployment: &str, limits: PaceLimits, tokens: u64);
+}
+
+/// What [`SharedPacing::take`] returns.
+pub type SharedTake<'a> = Pin<Box<dyn Future<Output = Result<SharedTicket, Instant>> + Send + 'a>>;
+
+/// What a [`SharedPacing`] store took for one request.
+#[derive(Debug)]
+#[must_use = "a ticket is settled to what the request used"]
+pub struct SharedTicket {
+    tokens: u64,
+    local: Option<PaceTicket>,
+}
+
+impl SharedTicket {
+    /// `tokens` were taken from the shared token bucket (at most what was
+    /// asked): what the request does not use of them goes back through
+    /// [`SharedPacing::give_back`].
+    pub fn shared(tokens: u64) -> Self {
+        SharedTicket {
+            tokens,
+            local: None,
+        }
+    }
+
+    /// Taken from an in-process pacer instead (the store's own, while its
+    /// backend does not answer): settled there.
+    pub fn local(ticket: PaceTicket) -> Self {
+        SharedTicket {
+            tokens: ticket.tokens(),
+            local: Some(ticket),
+        }
+    }
+
+    /// The tokens taken.
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// `true` when taken in-process ([`local`](Self::local)).
+    pub fn is_local(&self) -> bool {
+        self.local.is_some()
+    }
+
+    /// Gives back what the request did not use of it.
+    fn settle(self, fleet: Fleet, limits: PaceLimits, used_tokens: u64) {
+        match self.local {
+            Some(ticket) => ticket.settle(used_tokens),
+            None => {
+                let back = self.tokens.saturating_sub(used_tokens);
+                if back > 0 {
+                    fleet.store.give_back(&fleet.deployment, limits, back);
+                }
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -224,10 +337,22 @@ pub struct PaceSnapshot {
 #[must_use = "a ticket is settled to what the request used"]
 pub struct PaceTicket {
     tokens: u64,
+    /// What the request bucket gave, scaled (0 when not paced).
+    request: u128,
     /// What the token bucket gave, scaled (less than `tokens` when the
     /// request was larger than the bucket).
     taken: u128,
     shared: Arc<Shared>,
+    /// What the fleet's buckets gave ([`Pacer::take`] of a shared pacer).
+    fleet: Option<Box<FleetTicket>>,
+}
+
+/// A shared ticket and where to give it back.
+#[derive(Debug)]
+struct FleetTicket {
+    ticket: SharedTicket,
+    fleet: Fleet,
+    limits: PaceLimits,
 }
 
 impl PaceTicket {
@@ -236,20 +361,48 @@ impl PaceTicket {
         self.tokens
     }
 
+    /// `true` when the fleet's buckets were taken from too
+    /// ([`Pacer::take`] of a shared pacer).
+    pub fn is_shared(&self) -> bool {
+        self.fleet.is_some()
+    }
+
     /// Gives back what the request did not use of what was taken (never
-    /// more than was taken, never past the bucket's capacity).
-    pub fn settle(self, used_tokens: u64) {
+    /// more than was taken, never past the bucket's capacity), to this
+    /// pacer and, when shared, to the fleet's buckets (queued: never
+    /// waits).
+    pub fn settle(mut self, used_tokens: u64) {
+        if let Some(f) = self.fleet.take() {
+            let FleetTicket {
+                ticket,
+                fleet,
+                limits,
+            } = *f;
+            ticket.settle(fleet, limits, used_tokens);
+        }
         let back = self
             .taken
             .saturating_sub(u128::from(used_tokens).saturating_mul(SCALE));
-        if back == 0 {
+        self.give_back(0, back);
+    }
+
+    /// Gives everything back (the request was never sent): the request
+    /// and its tokens.
+    fn cancel(self) {
+        self.give_back(self.request, self.taken);
+    }
+
+    fn give_back(&self, request: u128, tokens: u128) {
+        if request == 0 && tokens == 0 {
             return;
         }
         let mut state = lock(&self.shared.state);
         let now = Instant::now();
         state.refill(now);
+        let full = state.requests.full();
+        state.requests.level = state.requests.level.saturating_add(request).min(full);
         let full = state.tokens.full();
-        state.tokens.level = state.tokens.level.saturating_add(back).min(full);
+        state.tokens.level = state.tokens.level.saturating_add(tokens).min(full);
     }
 }
 
@@ -280,7 +433,34 @@ impl Pacer {
                 }),
                 warned: AtomicU8::new(0),
             }),
+            fleet: None,
         }
+    }
+
+    /// Also paced by the fleet's buckets of this deployment in `store`,
+    /// under the name `deployment` (every replica sending to the
+    /// deployment must give it the same name, and the same limits), of
+    /// the configured limits: see [`take`](Self::take). A pacer with no
+    /// configured limit never asks the store.
+    #[must_use]
+    pub fn with_shared(
+        mut self,
+        store: Arc<dyn SharedPacing>,
+        deployment: impl Into<Arc<str>>,
+    ) -> Self {
+        if self.limits.rpm.is_some() || self.limits.tpm.is_some() {
+            self.fleet = Some(Fleet {
+                store,
+                deployment: deployment.into(),
+            });
+        }
+        self
+    }
+
+    /// `true` when the fleet's buckets pace this deployment too
+    /// ([`with_shared`](Self::with_shared)).
+    pub fn is_shared(&self) -> bool {
+        self.fleet.is_some()
     }
 
     /// The configured limits.
@@ -312,14 +492,55 @@ impl Pacer {
         if let Some(at) = room_at {
             return Err(at);
         }
-        state.requests.take(1);
+        let request = state.requests.take(1);
         let taken = state.tokens.take(tokens);
         drop(state);
         Ok(PaceTicket {
             tokens,
+            request,
             taken,
             shared: self.shared.clone(),
+            fleet: None,
         })
+    }
+
+    /// Takes room for one request of `tokens` (estimated) here
+    /// ([`try_take`](Self::try_take): what this replica knows, the
+    /// provider's headers included), then, when shared
+    /// ([`with_shared`](Self::with_shared)), from the fleet's buckets of
+    /// the configured limits; or says when there will be room. When the
+    /// fleet has no room, what was taken here is given back.
+    ///
+    /// Not shared, it is `try_take`: resolved at its first poll, with no
+    /// allocation.
+    ///
+    /// # Errors
+    ///
+    /// The instant at which there will be room for this request, here or
+    /// in the fleet's buckets: nothing was taken.
+    pub async fn take(&self, tokens: u64) -> Result<PaceTicket, Instant> {
+        let mut ticket = self.try_take(tokens)?;
+        let Some(fleet) = &self.fleet else {
+            return Ok(ticket);
+        };
+        match fleet
+            .store
+            .take(&fleet.deployment, self.limits, tokens)
+            .await
+        {
+            Ok(shared) => {
+                ticket.fleet = Some(Box::new(FleetTicket {
+                    ticket: shared,
+                    fleet: fleet.clone(),
+                    limits: self.limits,
+                }));
+                Ok(ticket)
+            }
+            Err(room_at) => {
+                ticket.cancel();
+                Err(room_at)
+            }
+        }
     }
 
     /// What a provider's answer says of its limits (rate-limit headers,

@@ -113,7 +113,9 @@ impl<S> Deployment<S> {
     }
 
     /// Paced by `pacer` (share it with whatever observes the deployment's
-    /// rate-limit headers).
+    /// rate-limit headers). A shared pacer ([`Pacer::with_shared`]) also
+    /// takes from the fleet's buckets, awaited after this replica's have
+    /// room; what a request did not use goes back to both.
     #[must_use]
     pub fn with_pacer(mut self, pacer: Arc<Pacer>) -> Self {
         self.pacer = Some(pacer);
@@ -505,11 +507,19 @@ where
             let m = &self.members[i];
             let ticket = match &m.pacer {
                 None => None,
-                Some(pacer) => match pacer.try_take(tokens.unwrap_or(0)) {
+                // Shared: this replica's buckets first (the provider's
+                // headers), then the fleet's; else no await.
+                Some(pacer) => match if pacer.is_shared() {
+                    pacer.take(tokens.unwrap_or(0)).await
+                } else {
+                    pacer.try_take(tokens.unwrap_or(0))
+                } {
                     Ok(ticket) => Some(ticket),
                     Err(room_at) => {
-                        // No room here before `room_at`: not open till then.
+                        // No room here (or in the fleet's buckets) before
+                        // `room_at`: not open till then.
                         self.metrics.record_pool_move(&m.name, "paced");
+                        let now = Instant::now();
                         m.load
                             .cool_until(room_at.max(now + std::time::Duration::from_millis(1)));
                         continue;
@@ -542,7 +552,8 @@ where
             let failed = result.as_ref().is_err_and(moves_on);
             m.load.record(started.elapsed(), failed);
             if let Some(ticket) = ticket {
-                // Until usage is read back, what was taken stays taken.
+                // Until usage is read back, what was taken stays taken;
+                // a shared ticket gives back to the fleet's buckets too.
                 ticket.settle(ticket_tokens(&result).unwrap_or(u64::MAX));
             }
             match result {
