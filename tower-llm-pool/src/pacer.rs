@@ -380,10 +380,21 @@ impl PaceTicket {
             } = *f;
             ticket.settle(fleet, limits, used_tokens);
         }
-        let back = self
-            .taken
-            .saturating_sub(u128::from(used_tokens).saturating_mul(SCALE));
-        self.give_back(0, back);
+        let used = u128::from(used_tokens).saturating_mul(SCALE);
+        if used > self.taken {
+            // The request used more than was taken for it (it named no
+            // output cap): the rest comes out of the bucket now.
+            self.take_more(used - self.taken);
+        } else {
+            self.give_back(0, self.taken - used);
+        }
+    }
+
+    /// Takes `tokens` more (scaled) from the token bucket, down to empty.
+    fn take_more(&self, tokens: u128) {
+        let mut state = lock(&self.shared.state);
+        state.refill(Instant::now());
+        state.tokens.level = state.tokens.level.saturating_sub(tokens);
     }
 
     /// Gives everything back (the request was never sent): the request

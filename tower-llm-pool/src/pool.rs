@@ -28,8 +28,10 @@ pub trait PoolRequest: LlmRequest + Clone + Send + 'static {
         None
     }
 
-    /// The tokens it may use at most (for pacing): an upper bound of its
-    /// input and its output cap. `None` when it cannot say.
+    /// The tokens it will use, as far as it can tell before it is sent
+    /// (for pacing): an upper bound of its input and its output cap (its
+    /// input alone without one: the rest is taken when it settles).
+    /// `None` when it cannot say.
     fn estimated_tokens(&self) -> Option<u64> {
         None
     }
@@ -45,8 +47,10 @@ impl PoolRequest for ChatRequest {
     }
 
     fn estimated_tokens(&self) -> Option<u64> {
+        // Without an output cap, the input: what is used past it is taken
+        // when the call settles.
         let input = tower_llm_core::input_tokens_bound(&self.messages, &self.tools);
-        Some(input + u64::from(self.max_tokens?))
+        Some(input + self.max_tokens.map_or(0, u64::from))
     }
 }
 

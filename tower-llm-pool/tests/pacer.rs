@@ -106,8 +106,11 @@ async fn token_bucket_waits_exactly_and_settle_gives_back() {
     big.settle(1_000);
     assert_eq!(pacer.snapshot().tokens, Some(5_000));
     let small = pacer.try_take(2_000).unwrap();
-    // Used more than taken: nothing back, no debt either.
+    // Used more than taken: the rest comes out of the bucket, down to
+    // empty (no debt below it).
     small.settle(9_999);
+    assert_eq!(pacer.snapshot().tokens, Some(0));
+    advance(Duration::from_secs(30)).await;
     assert_eq!(pacer.snapshot().tokens, Some(3_000));
     // A ticket settled at 0 gives back all it took, never past capacity.
     let t = pacer.try_take(3_000).unwrap();

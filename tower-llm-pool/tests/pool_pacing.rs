@@ -138,3 +138,52 @@ async fn the_queue_is_bounded_and_the_rest_fail_at_once() {
         6
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_configured_tpm_paces_calls_that_name_no_output_cap() {
+    // 60 tokens a minute; each answer reports 30 (20 in, 10 out).
+    let calls = Arc::new(AtomicUsize::new(0));
+    let used = {
+        let calls = calls.clone();
+        BoxCloneSyncService::new(service_fn(move |_req: ChatRequest| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async {
+                Ok::<_, Failure>(
+                    ChatResponse::builder("m")
+                        .text("ok")
+                        .usage(tower_llm_core::Usage {
+                            prompt_tokens: 20,
+                            completion_tokens: 10,
+                            cached_input_tokens: 0,
+                        })
+                        .build(),
+                )
+            }
+        }))
+    };
+    let pacer = Arc::new(Pacer::new(PaceLimits {
+        rpm: None,
+        tpm: Some(60),
+    }));
+    let pool = Pool::new(vec![
+        Deployment::new("only", used).with_pacer(pacer.clone()),
+    ]);
+    let start = Instant::now();
+    for _ in 0..2 {
+        pool.clone().oneshot(hello()).await.expect("room");
+    }
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(
+        pacer.snapshot().tokens,
+        Some(0),
+        "two calls of 30 used the 60"
+    );
+    // The third waits for room for its input bound (26 tokens: 26 s).
+    pool.clone().oneshot(hello()).await.expect("after a wait");
+    assert!(
+        start.elapsed() >= Duration::from_secs(25),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
