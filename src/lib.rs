@@ -160,7 +160,8 @@ pub mod pool {
         AffinityFn, Deployment, DeploymentLoad, DeploymentStatus, HeaderIssue, HeaderIssues,
         LimitHeaders, LoadSnapshot, MAX_HEADER_COUNT, MAX_HEADER_WAIT, ObserveFuture,
         ObserveRateLimits, ObserveRateLimitsLayer, PaceLimits, PaceSnapshot, PaceTicket, Pacer,
-        Pool, PoolAnswer, PoolFuture, PoolRequest, PoolStatus, RateLimitHeaders,
+        Pool, PoolAnswer, PoolFuture, PoolRequest, PoolStatus, RateLimitHeaders, SharedPacing,
+        SharedTake, SharedTicket,
     };
 }
 

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
-use tower_llm_pool::{DeploymentLoad, PaceLimits, Pacer, PoolStatus};
+use tower_llm_pool::{DeploymentLoad, PaceLimits, Pacer, PoolStatus, SharedPacing};
 
 use super::{LinkConfig, Policy, ProviderConfig};
 
@@ -189,6 +189,8 @@ impl ProviderConfig {
 #[derive(Clone, Default)]
 pub struct Pools {
     inner: Arc<Mutex<Kept>>,
+    /// Where the fleet's buckets are, when shared across replicas.
+    shared: Arc<Mutex<Option<Arc<dyn SharedPacing>>>>,
     loads: Arc<Mutex<HashMap<String, Arc<DeploymentLoad>>>>,
     built: Arc<Mutex<std::collections::BTreeMap<String, PoolStatus>>>,
 }
@@ -215,18 +217,36 @@ impl Pools {
     }
 
     /// The pacer of `provider`, made (or remade, when its limits
-    /// changed) now if needed.
+    /// changed) now if needed; paced with the fleet's buckets too when
+    /// they are [shared](Self::share) (by the provider's name: every
+    /// replica must give a provider the same limits).
     pub fn of(&self, provider: &ProviderConfig) -> Arc<Pacer> {
         let limits = provider.pace_limits();
+        let shared = self
+            .shared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let mut kept = self.lock();
         match kept.get(&provider.name) {
             Some((l, pacer)) if *l == limits => pacer.clone(),
             _ => {
-                let pacer = Arc::new(Pacer::new(limits));
+                let mut pacer = Pacer::new(limits);
+                if let Some(store) = shared {
+                    pacer = pacer.with_shared(store, provider.name.as_str());
+                }
+                let pacer = Arc::new(pacer);
                 kept.insert(provider.name.clone(), (limits, pacer.clone()));
                 pacer
             }
         }
+    }
+
+    /// Paces every provider with the fleet's buckets in `store` too (or,
+    /// `None`, per replica only): pacers made before are made again.
+    pub fn share(&self, store: Option<Arc<dyn SharedPacing>>) {
+        *self.shared.lock().unwrap_or_else(PoisonError::into_inner) = store;
+        self.lock().clear();
     }
 
     /// The load of the provider named `name` as a deployment (one per

@@ -95,7 +95,10 @@ impl GatewayConfig {
             if self.policy.quotas.is_none() {
                 p.push("quotas_shared needs a [quotas] table".to_owned());
             }
-            shared.check(&mut p);
+            shared.check("quotas_shared", &mut p);
+        }
+        if let Some(shared) = &s.pools_shared {
+            shared.check("pools_shared", &mut p);
         }
         ConfigError::all([
             self.policy.validate(),
@@ -142,9 +145,17 @@ pub struct GatewaySettings {
     /// `[quotas]`. Default: none, each process counts its own.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quotas_shared: Option<SharedQuotas>,
+    /// `[pools_shared]`: pace `[[pools]]`' deployments with buckets in
+    /// Redis, one per provider for the whole fleet (the store is
+    /// `tower_llm_pool_redis`'s; the same keys as [`SharedQuotas`]).
+    /// Default: none, each process paces on its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pools_shared: Option<SharedQuotas>,
 }
 
-/// `[quotas_shared]`: the Redis every replica counts tenant quotas on.
+/// `[quotas_shared]` and `[pools_shared]`: the Redis every replica counts
+/// tenant quotas (or paces pools' deployments) on, and what each does
+/// alone while Redis is down.
 ///
 /// Its `Debug` never shows the URL's password.
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
@@ -154,7 +165,8 @@ pub struct SharedQuotas {
     /// (required; the breaker's, to keep one Redis).
     pub redis: String,
     /// `prefix`: the prefix of the Redis keys (default
-    /// `tower-llm:quota:`); replicas share quotas when they share it.
+    /// `tower-llm:quota:` for quotas, `tower-llm:pace:` for pacing);
+    /// replicas share when they share it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
     /// `local_share`: while Redis is down or frozen, each replica admits
@@ -171,16 +183,16 @@ impl SharedQuotas {
         tower_llm_redis::redact_url(&self.redis)
     }
 
-    fn check(&self, problems: &mut Vec<String>) {
+    fn check(&self, table: &str, problems: &mut Vec<String>) {
         SharedRedis {
             redis: self.redis.clone(),
             prefix: None,
         }
-        .check("quotas_shared", problems);
+        .check(table, problems);
         if let Some(share) = self.local_share {
             if !(share > 0.0 && share <= 1.0) {
                 problems.push(format!(
-                    "quotas_shared.local_share = {share}: must be above 0 and at most 1"
+                    "{table}.local_share = {share}: must be above 0 and at most 1"
                 ));
             }
         }
@@ -205,6 +217,7 @@ impl HostSettings for GatewaySettings {
         "breaker_shared",
         "idempotency_shared",
         "quotas_shared",
+        "pools_shared",
     ];
 }
 

@@ -16,7 +16,8 @@ use tower_llm::{GenAiMetrics, Metrics};
 use crate::config::{GatewayConfig, ServerPolicy};
 use crate::routes::{Bulkheads, KeySource, Routes, build};
 use crate::stores::{
-    Breakers, IdempotencyKey, RunningQuota, circuit_gauge, idempotency_of, lock, quota_of,
+    Breakers, IdempotencyKey, RunningPacing, RunningQuota, circuit_gauge, idempotency_of, lock,
+    pacing_of, quota_of,
 };
 use crate::transport::Transport;
 
@@ -71,6 +72,9 @@ pub struct Gateway {
     /// The providers' pacers (`[[pools]]`), kept across reloads while a
     /// provider's limits are unchanged.
     pub(crate) pacers: Pools,
+    /// The fleet's pacing store of `[pools_shared]`, kept across reloads
+    /// while unchanged.
+    pacing: Mutex<Option<RunningPacing>>,
     /// The server limits the gateway started with (`[server]`; a reload
     /// keeps them).
     pub(crate) server: ServerPolicy,
@@ -134,6 +138,12 @@ impl Gateway {
         let genai = GenAiMetrics::new(&meter);
         let bulkheads = Bulkheads::default();
         let pacers = Pools::new();
+        let pacing = pacing_of(&config, &meter, None)?;
+        pacers.share(
+            pacing
+                .as_ref()
+                .map(|(_, s, _)| s.clone() as Arc<dyn tower_llm::pool::SharedPacing>),
+        );
         let idempotency = idempotency_of(&config, &metrics)?;
         let layer = lock(&breaker).layer.clone();
         let hedges = HedgeBudgets::new();
@@ -172,6 +182,7 @@ impl Gateway {
             admin_token: arc_swap::ArcSwapOption::empty(),
             bulkheads,
             pacers,
+            pacing: Mutex::new(pacing),
             in_flight: Arc::new(Semaphore::new(server.max_in_flight)),
             body_bytes: Arc::new(Semaphore::new(server.max_body_bytes_in_flight)),
             server,
@@ -224,6 +235,23 @@ impl Gateway {
             }
         };
         let hedges = lock(&self.hedges).for_reload();
+        // A changed `[pools_shared]` gets a new store (pacers are made
+        // again); otherwise the running one stays.
+        let pacing = {
+            let running = lock(&self.pacing);
+            pacing_of(&config, &self.meter, running.as_ref())?
+        };
+        let changed = {
+            let running = lock(&self.pacing);
+            running.as_ref().map(|(s, _, _)| s) != pacing.as_ref().map(|(s, _, _)| s)
+        };
+        if changed {
+            self.pacers.share(
+                pacing
+                    .as_ref()
+                    .map(|(_, s, _)| s.clone() as Arc<dyn tower_llm::pool::SharedPacing>),
+            );
+        }
         // Unchanged `[quotas]` (and its shared store) keep the store and
         // what it counted.
         let quota = {
@@ -253,6 +281,7 @@ impl Gateway {
         *lock(&self.idempotency) = idempotency;
         *lock(&self.hedges) = hedges;
         *lock(&self.quota) = quota;
+        *lock(&self.pacing) = pacing;
         self.routes.store(Arc::new(routes));
         Ok(())
     }

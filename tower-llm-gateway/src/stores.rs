@@ -14,6 +14,7 @@ use tower_llm_idempotency_redis::RedisIdempotencyStore;
 
 use crate::config::{GatewayConfig, SharedBreakerPolicy, SharedIdempotencyPolicy, SharedQuotas};
 use tower_llm_cost_redis::RedisQuota;
+use tower_llm_pool_redis::RedisPacing;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -243,4 +244,50 @@ pub(crate) fn quota_of(
     ));
     let store: Arc<dyn QuotaStore> = Arc::new(store);
     Ok(Some((want, store, Some(gauges))))
+}
+
+/// The fleet's pacing store of `[pools_shared]` (none without it), the
+/// settings it was built from and its `ai_router_pool_shared_store_up`
+/// gauge: the running one while the settings are unchanged, else a new
+/// one (built inside the runtime).
+pub(crate) type RunningPacing = (
+    SharedQuotas,
+    Arc<RedisPacing>,
+    Arc<opentelemetry::metrics::ObservableGauge<u64>>,
+);
+
+/// The pacing store `[pools_shared]` asks for.
+pub(crate) fn pacing_of(
+    config: &GatewayConfig,
+    meter: &opentelemetry::metrics::Meter,
+    running: Option<&RunningPacing>,
+) -> Result<Option<RunningPacing>, ConfigError> {
+    let Some(shared) = config.settings.pools_shared.clone() else {
+        return Ok(None);
+    };
+    if let Some(running) = running {
+        if running.0 == shared {
+            return Ok(Some(running.clone()));
+        }
+    }
+    let mut builder = RedisPacing::builder(&shared.redis)
+        .map_err(|e| ConfigError::new(format!("pools_shared.redis: {e}")))?;
+    if let Some(prefix) = &shared.prefix {
+        builder = builder.with_prefix(prefix.clone());
+    }
+    if let Some(share) = shared.local_share {
+        builder = builder.with_local_share(share);
+    }
+    let store = Arc::new(
+        builder
+            .build()
+            .map_err(|e| ConfigError::new(format!("pools_shared: {e}")))?,
+    );
+    tracing::info!(
+        target: "gateway",
+        redis = %shared.redacted(),
+        "pools' deployments are paced on Redis"
+    );
+    let gauge = Arc::new(store.register_metrics(meter));
+    Ok(Some((shared, store, gauge)))
 }

@@ -121,6 +121,7 @@ fn the_readme_reference_sets_every_key_and_loads_as_it_is() {
         "quotas.max_tokens",
         "quotas.tenants.acme.max_cost",
         "quotas_shared.local_share",
+        "pools_shared.local_share",
         "pools[].affinity_header",
         "pools[].max_waiting",
         "pools[].max_wait_ms",
