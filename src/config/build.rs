@@ -320,41 +320,44 @@ impl Policy {
             if let Some(ms) = link.attempt_timeout_ms {
                 link_retry = link_retry.with_attempt_timeout(Duration::from_millis(ms));
             }
-            let inner = match self.pool(&link.provider) {
-                None => {
-                    let config = self
-                        .provider(&link.provider)
-                        .ok_or_else(|| unknown(&link.provider))?;
-                    provider(config, link)
+            let cost = self.price(&link.provider, &link.model).map(|price| {
+                let mut cost = CostLayer::new(price)
+                    .with_metrics(metrics.clone())
+                    .with_link(Link::new(link.provider.as_str(), link.model.as_str()));
+                if let Some(cap) = route.max_output_tokens {
+                    cost = cost.with_max_output_tokens(cap);
                 }
-                Some(pool) => {
-                    self.pool_stack(pool, link, &breaker, pacers, metrics, &mut provider)?
+                if let Some(store) = quota {
+                    cost = cost.with_quota(store.clone());
                 }
+                cost
+            });
+            // retry → cost (a priced link) → a provider behind its circuit
+            // breaker, or a pool (whose deployments each have their own).
+            let Some(pool) = self.pool(&link.provider) else {
+                let config = self
+                    .provider(&link.provider)
+                    .ok_or_else(|| unknown(&link.provider))?;
+                let provider = provider(config, link);
+                let with_retry = ServiceBuilder::new().llm_retry(link_retry);
+                return Ok(match cost {
+                    None => BoxCloneSyncService::new(
+                        with_retry.llm_breaker(breaker.clone()).service(provider),
+                    ),
+                    Some(cost) => BoxCloneSyncService::new(
+                        with_retry
+                            .layer(cost)
+                            .llm_breaker(breaker.clone())
+                            .service(provider),
+                    ),
+                });
             };
-            let Some(price) = self.price(&link.provider, &link.model) else {
-                return Ok(BoxCloneSyncService::new(
-                    ServiceBuilder::new()
-                        .llm_retry(link_retry)
-                        .llm_breaker(breaker.clone())
-                        .service(inner),
-                ));
-            };
-            let mut cost = CostLayer::new(price)
-                .with_metrics(metrics.clone())
-                .with_link(Link::new(link.provider.as_str(), link.model.as_str()));
-            if let Some(cap) = route.max_output_tokens {
-                cost = cost.with_max_output_tokens(cap);
-            }
-            if let Some(store) = quota {
-                cost = cost.with_quota(store.clone());
-            }
-            Ok(BoxCloneSyncService::new(
-                ServiceBuilder::new()
-                    .llm_retry(link_retry)
-                    .layer(cost)
-                    .llm_breaker(breaker.clone())
-                    .service(inner),
-            ))
+            let pool = self.pool_stack(pool, link, &breaker, pacers, metrics, &mut provider)?;
+            let with_retry = ServiceBuilder::new().llm_retry(link_retry);
+            Ok(match cost {
+                None => BoxCloneSyncService::new(with_retry.service(pool)),
+                Some(cost) => BoxCloneSyncService::new(with_retry.layer(cost).service(pool)),
+            })
         };
         for (i, link) in r.chain.iter().enumerate() {
             let inner = link_stack(link)?;
