@@ -589,6 +589,9 @@ impl Policy {
                 }
             });
         }
+        if let Some(max) = pool.adaptive_concurrency {
+            pool_svc = pool_svc.with_adaptive_concurrency(max);
+        }
         pacers.built(&pool.name, pool_svc.status_handle());
         Ok(BoxCloneSyncService::new(pool_svc))
     }

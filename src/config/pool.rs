@@ -67,6 +67,12 @@ pub struct PoolConfig {
     /// (default: none, every call may wait).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_header: Option<String>,
+    /// `adaptive_concurrency`: each deployment takes at most as many calls
+    /// at once as an adaptive limit (AIMD: its own 429s, 5xx and overloads
+    /// cut it by 30 %, successes raise it by one per limit's worth) that
+    /// starts at, and never passes, this (default: none, off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive_concurrency: Option<u32>,
 }
 
 /// One deployment of a `[[pools]]` entry.
@@ -161,6 +167,9 @@ impl Policy {
                         p.push(format!("{at}: {key} {h:?} is not a header name"));
                     }
                 }
+            }
+            if pool.adaptive_concurrency == Some(0) {
+                p.push(format!("{at}: adaptive_concurrency must be at least 1"));
             }
             if pool.max_wait_ms == Some(0) {
                 p.push(format!(

@@ -126,6 +126,7 @@ fn the_readme_reference_sets_every_key_and_loads_as_it_is() {
         "pools[].max_waiting",
         "pools[].max_wait_ms",
         "pools[].priority_header",
+        "pools[].adaptive_concurrency",
         "pools[].deployments[].weight",
         "pools[].deployments[].model",
         "providers[].rpm",

@@ -48,6 +48,10 @@ struct Averages {
     /// `epoch`): their mean age, in O(1).
     running: u32,
     started_sum_ms: f64,
+    /// The adaptive concurrency limit (AIMD), when on: calls in flight
+    /// at or over it make the deployment full.
+    limit: Option<f64>,
+    limit_max: f64,
 }
 
 /// What [`DeploymentLoad::snapshot`] reads.
@@ -60,6 +64,8 @@ pub struct LoadSnapshot {
     pub latency_ms: f64,
     /// Moving average of failures (0 to 1).
     pub failure_rate: f64,
+    /// The adaptive concurrency limit, when on.
+    pub concurrency_limit: Option<f64>,
 }
 
 impl DeploymentLoad {
@@ -109,6 +115,26 @@ impl DeploymentLoad {
         a.cooling_until = Some(a.cooling_until.map_or(until, |t| t.max(until)));
     }
 
+    /// Turns on adaptive concurrency (AIMD): the deployment takes at most
+    /// `limit` calls at once, starting at `max`; each fault of its own
+    /// (a 429, a 5xx, an overloaded answer) cuts the limit by 30 %, each
+    /// success raises it by one over the limit (one per limit's worth of
+    /// successes), from 1 up to `max`. Keeps a limit already running.
+    pub fn adaptive(&self, max: u32) {
+        let mut a = self.averages();
+        let max = f64::from(max.max(1));
+        a.limit = Some(a.limit.map_or(max, |l| l.min(max)));
+        a.limit_max = max;
+    }
+
+    /// `true` when adaptive concurrency is on and the deployment has as
+    /// many calls in flight as its limit allows.
+    pub(crate) fn full(&self) -> bool {
+        let a = self.averages();
+        a.limit
+            .is_some_and(|l| f64::from(a.running) >= l.floor().max(1.0))
+    }
+
     /// A call starts; the guard ends it.
     pub(crate) fn start(self: &Arc<Self>) -> InFlight {
         let at = Instant::now()
@@ -127,6 +153,14 @@ impl DeploymentLoad {
     pub(crate) fn record(&self, latency: Duration, failed: bool) {
         let mut a = self.averages();
         a.failures += ALPHA * (f64::from(u8::from(failed)) - a.failures);
+        let ceiling = a.limit_max;
+        if let Some(limit) = a.limit.as_mut() {
+            *limit = if failed {
+                (*limit * 0.7).max(1.0)
+            } else {
+                (*limit + 1.0 / *limit).min(ceiling)
+            };
+        }
         if failed {
             return;
         }
@@ -144,6 +178,7 @@ impl DeploymentLoad {
         let a = *self.averages();
         LoadSnapshot {
             in_flight: a.running,
+            concurrency_limit: a.limit,
             latency_ms: a.latency_ms,
             failure_rate: a.failures,
         }

@@ -329,6 +329,20 @@ impl<S, R> Pool<S, R> {
         self
     }
 
+    /// Adaptive concurrency on every deployment: each takes at most as
+    /// many calls at once as its limit, which its own faults cut (by 30 %)
+    /// and its successes raise (additively), up to `max`
+    /// ([`DeploymentLoad::adaptive`]). A deployment at its limit is
+    /// skipped; when all are, the call fails as rate limited and fails
+    /// over.
+    #[must_use]
+    pub fn with_adaptive_concurrency(self, max: u32) -> Self {
+        for m in self.members.iter() {
+            m.load.adaptive(max);
+        }
+        self
+    }
+
     /// Tells each call's [`Priority`]: a low one never waits for room.
     #[must_use]
     pub fn with_priority(
@@ -490,6 +504,8 @@ where
                 }
                 match m.load.cooling(now) {
                     Some(until) => soonest = Some(soonest.map_or(until, |s| s.min(until))),
+                    // At its adaptive concurrency limit: skipped, not waited for.
+                    None if m.load.full() => {}
                     None => {
                         open_at[open_n] = i;
                         open_n += 1;

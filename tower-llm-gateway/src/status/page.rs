@@ -272,14 +272,14 @@ impl Gateway {
             let _ = write!(
                 page,
                 "<h2>Pool <code>{}</code></h2><table><tr><th>deployment</th><th>weight</th><th>in flight</th>\
-<th>latency (moving average)</th><th>failures (moving average)</th><th>cooling</th><th>rate limits left</th></tr>",
+<th>latency (moving average)</th><th>failures (moving average)</th><th>cooling</th><th>rate limits left</th><th>concurrency limit</th></tr>",
                 escape(&pool.name)
             );
             for d in status.deployments() {
                 let _ = write!(
                     page,
                     "<tr><td><code>{}</code></td><td class=\"num\">{}</td><td class=\"num\">{}</td>\
-<td class=\"num\">{:.0} ms</td><td class=\"num\">{:.0} %</td><td>{}</td><td>{}</td></tr>",
+<td class=\"num\">{:.0} ms</td><td class=\"num\">{:.0} %</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                     escape(&d.name),
                     d.weight,
                     d.load.in_flight,
@@ -288,6 +288,9 @@ impl Gateway {
                     d.cooling_for
                         .map_or_else(|| "no".to_owned(), |c| format!("for {} ms", c.as_millis())),
                     pacing_text(d.pacing.as_ref()),
+                    d.load
+                        .concurrency_limit
+                        .map_or_else(|| "off".to_owned(), |l| format!("{:.0}", l.floor())),
                 );
             }
             page.push_str("</table>");
