@@ -6,6 +6,7 @@
 mod cli;
 mod deadline;
 mod memory;
+mod pools;
 mod quotas;
 mod server_builder;
 mod shared_circuits;

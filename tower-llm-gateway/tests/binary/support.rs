@@ -239,3 +239,37 @@ pub(crate) async fn spawn_logged(
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     Binary { url, child }
 }
+
+/// As [`spawn_logged`], with each of `env` (a variable and its value)
+/// set too: the API keys of a policy's providers (`api_key_env`).
+pub(crate) async fn spawn_logged_with_env(
+    config: &std::path::Path,
+    env: &[(&str, &str)],
+    log: &std::path::Path,
+) -> Binary {
+    let file = std::fs::File::create(log).expect("create the log file");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-llm-gateway"))
+        .arg("--config")
+        .arg(config)
+        .args(["--listen", "127.0.0.1:0"])
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(file)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the gateway binary starts");
+    let stdout = child.stdout.take().expect("its stdout");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let url = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(at) = line.find("http://") {
+                return line[at..].trim().to_owned();
+            }
+        }
+        panic!("the gateway ended without listening");
+    })
+    .await
+    .expect("the gateway listens within 10 s");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Binary { url, child }
+}
