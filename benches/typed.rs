@@ -209,6 +209,7 @@ fn pooled(
         let limits = PaceLimits {
             rpm: Some(u32::MAX),
             tpm: Some(u32::MAX),
+            burst_ms: None,
         };
         Pool::new(
             ["east", "west", "north"]

@@ -186,6 +186,7 @@ impl ProviderConfig {
         PaceLimits {
             rpm: self.rpm,
             tpm: self.tpm,
+            burst_ms: self.burst_ms,
         }
     }
 }

@@ -85,6 +85,11 @@ pub struct ProviderConfig {
     /// like `rpm`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tpm: Option<u32>,
+    /// `burst_ms`: how much of `rpm` may go at once, in milliseconds of it
+    /// (default 60000: the whole minute's). A provider that enforces its
+    /// per-minute limit over shorter periods wants 1000 or less.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst_ms: Option<u32>,
 }
 
 /// A route's (or a provider's) service, boxed.

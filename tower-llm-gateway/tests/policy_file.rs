@@ -131,6 +131,7 @@ fn the_readme_reference_sets_every_key_and_loads_as_it_is() {
         "pools[].deployments[].model",
         "providers[].rpm",
         "providers[].tpm",
+        "providers[].burst_ms",
     ] {
         assert!(all.contains(key), "{key} is not set by the reference");
     }

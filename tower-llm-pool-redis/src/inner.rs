@@ -105,6 +105,7 @@ impl Inner {
         call.arg(limit(limits.rpm))
             .arg(limit(limits.tpm))
             .arg(amount(tokens))
+            .arg(limit(limits.burst_ms))
             .arg(TTL_MS);
         let mut conn = self.conn.clone();
         let op_timeout = self.redis.op_timeout();
@@ -216,6 +217,7 @@ impl Inner {
                 .arg(limit(limits.tpm))
                 .arg(0)
                 .arg(amount(tokens))
+                .arg(limit(limits.burst_ms))
                 .arg(TTL_MS);
             let mut conn = inner.conn.clone();
             let reply = tokio::time::timeout(
@@ -257,6 +259,7 @@ pub(crate) fn scaled(limits: PaceLimits, share: f64) -> PaceLimits {
     PaceLimits {
         rpm: limits.rpm.map(scale),
         tpm: limits.tpm.map(scale),
+        burst_ms: limits.burst_ms,
     }
 }
 
@@ -270,18 +273,21 @@ mod tests {
         let limits = PaceLimits {
             rpm: Some(60),
             tpm: Some(10_001),
+            burst_ms: None,
         };
         assert_eq!(
             scaled(limits, 0.5),
             PaceLimits {
                 rpm: Some(30),
-                tpm: Some(5_000)
+                tpm: Some(5_000),
+                burst_ms: None
             }
         );
         assert_eq!(scaled(limits, 1.0), limits);
         let tpm_only = PaceLimits {
             rpm: None,
             tpm: Some(u32::MAX),
+            burst_ms: None,
         };
         assert_eq!(scaled(tpm_only, 1.0 / 3.0).tpm, Some(u32::MAX / 3));
         assert_eq!(scaled(tpm_only, 1.0 / 3.0).rpm, None);

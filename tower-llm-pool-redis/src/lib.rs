@@ -22,7 +22,7 @@
 //!         .with_replicas(4) // while Redis is down, each replica paces at a quarter
 //!         .build()?,
 //! );
-//! let limits = PaceLimits { rpm: Some(500), tpm: Some(200_000) };
+//! let limits = PaceLimits { rpm: Some(500), tpm: Some(200_000), burst_ms: None };
 //! let pacer = Arc::new(Pacer::new(limits).with_shared(store.clone(), "openai-key-1"));
 //! match pacer.take(1_200).await {
 //!     Ok(ticket) => {

@@ -28,14 +28,18 @@ local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local v = redis.call('HMGET', k, 'r', 't', 'at')
 local elapsed = math.max(now - (tonumber(v[3]) or now), 0)
-local function refilled(held, cap)
+local function refilled(held, cap, full)
   if not cap then return 0 end
-  local full = cap * 60000
   local l = tonumber(held)
   if not l then return full end
   return math.min(l + elapsed * cap, full)
 end
-local r, t = refilled(v[1], rc), refilled(v[2], tc)
+-- The request bucket holds `ARGV[#ARGV - 1]` ms of its rate (at least one
+-- request; '' for a minute's), the token bucket a minute.
+local burst = tonumber(ARGV[#ARGV - 1])
+local rfull = rc and (burst and math.max(rc * burst, 60000) or rc * 60000) or 0
+local tfull = tc and tc * 60000 or 0
+local r, t = refilled(v[1], rc, rfull), refilled(v[2], tc, tfull)
 local function save()
   local f = {'at', string.format('%.0f', now)}
   if rc then
@@ -51,7 +55,8 @@ local function save()
 end
 ";
 
-/// `ARGV[3]`: the request's tokens (estimated); `ARGV[4]`: the expiry.
+/// `ARGV[3]`: the request's tokens (estimated); `ARGV[4]`: the request
+/// bucket's burst (ms, or ''); `ARGV[5]`: the expiry.
 /// Takes one request and the tokens (what the token bucket holds, at
 /// most: a request larger than the bucket goes when it is full) from
 /// both buckets, or from neither. Replies `{wait, taken}`: `wait` 0 and
@@ -59,13 +64,13 @@ end
 /// 60,000) and 0.
 const TAKE: &str = r"
 local tokens = tonumber(ARGV[3])
-local function wait(held, cap, units)
+local function wait(held, cap, units, full)
   if not cap then return 0 end
-  local need = math.min(units, cap) * 60000
+  local need = math.min(units * 60000, full)
   if held >= need then return 0 end
   return math.ceil((need - held) / cap)
 end
-local w = math.max(wait(r, rc, 1), wait(t, tc, tokens))
+local w = math.max(wait(r, rc, 1, rfull), wait(t, tc, tokens, tfull))
 if w > 0 then return {w, 0} end
 local took = 0
 if rc then r = r - 60000 end
@@ -78,10 +83,10 @@ return {0, math.floor(took / 60000)}
 ";
 
 /// `ARGV[3]`: requests, `ARGV[4]`: tokens given back; `ARGV[5]`: the
-/// expiry. Never past a bucket's capacity. Replies 1.
+/// request bucket's burst; `ARGV[6]`: the expiry. Never past a bucket's capacity. Replies 1.
 const GIVE_BACK: &str = r"
-if rc then r = math.min(r + math.min(tonumber(ARGV[3]), rc) * 60000, rc * 60000) end
-if tc then t = math.min(t + math.min(tonumber(ARGV[4]), tc) * 60000, tc * 60000) end
+if rc then r = math.min(r + math.min(tonumber(ARGV[3]), rc) * 60000, rfull) end
+if tc then t = math.min(t + math.min(tonumber(ARGV[4]), tc) * 60000, tfull) end
 save()
 return 1
 ";

@@ -202,6 +202,7 @@ mod tests {
         let limits = PaceLimits {
             rpm: Some(10),
             tpm: None,
+            burst_ms: None,
         };
         assert!(Arc::ptr_eq(
             &store.local("a", limits),

@@ -18,6 +18,7 @@ const OP_TIMEOUT: Duration = Duration::from_millis(200);
 const RPM_60: PaceLimits = PaceLimits {
     rpm: Some(60),
     tpm: None,
+    burst_ms: None,
 };
 
 /// A replica: keys under `test:pace:`, a local share of `share`.
@@ -116,6 +117,7 @@ async fn tokens_taken_by_one_replica_and_given_back_are_there_for_the_other() {
     let limits = PaceLimits {
         rpm: None,
         tpm: Some(600),
+        burst_ms: None,
     };
     // A pacer shared through `a` takes 500 of the 600 (10 a second).
     let store: Arc<dyn SharedPacing> = a.clone();

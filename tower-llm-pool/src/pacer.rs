@@ -28,6 +28,14 @@ pub struct PaceLimits {
     /// Tokens (input and output) per minute.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tpm: Option<u32>,
+    /// How much of its rate the request bucket holds, in milliseconds
+    /// (default 60,000: a minute's worth, a burst of `rpm` at once; at
+    /// least one request). A provider that enforces its per-minute limit
+    /// over shorter periods (OpenAI may enforce 60,000 a minute as 1,000
+    /// a second) wants a short one: at most `rpm / 60,000 × (burst_ms +
+    /// W)` requests go in any window of `W` ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst_ms: Option<u32>,
 }
 
 /// A bucket level is kept in units × nanoseconds-per-minute: refilling at
@@ -74,7 +82,7 @@ const SCALE: u128 = 60_000_000_000;
 /// # async fn main() {
 /// // 60 requests and 6000 tokens a minute: one request a second, 100
 /// // tokens a second.
-/// let pacer = Pacer::new(PaceLimits { rpm: Some(60), tpm: Some(6_000) });
+/// let pacer = Pacer::new(PaceLimits { rpm: Some(60), tpm: Some(6_000), burst_ms: None });
 /// let ticket = pacer.try_take(4_000).unwrap();
 /// // The answer used 1000 tokens: 3000 go back (5000 left).
 /// ticket.settle(1_000);
@@ -226,24 +234,38 @@ struct Bucket {
     capacity: Option<u64>,
     /// What the bucket holds, in units × [`SCALE`].
     level: u128,
+    /// How much of its rate a full bucket holds, in ms (`None`: a
+    /// minute's).
+    burst_ms: Option<u32>,
     /// No room before this (the provider said none is left until its
     /// reset).
     blocked_until: Option<Instant>,
 }
 
 impl Bucket {
-    fn new(configured: Option<u32>) -> Self {
+    fn new(configured: Option<u32>, burst_ms: Option<u32>) -> Self {
         let configured = configured.map(|c| u64::from(c.max(1)));
-        Bucket {
+        let mut bucket = Bucket {
             configured,
             capacity: configured,
-            level: configured.map_or(0, |c| u128::from(c) * SCALE),
+            level: 0,
+            burst_ms,
             blocked_until: None,
-        }
+        };
+        bucket.level = bucket.full();
+        bucket
     }
 
+    /// What a full bucket holds, scaled: a minute of the limit, or
+    /// `burst_ms` of it (at least one unit).
     fn full(&self) -> u128 {
-        self.capacity.map_or(0, |c| u128::from(c) * SCALE)
+        self.capacity.map_or(0, |c| {
+            let minute = u128::from(c) * SCALE;
+            match self.burst_ms {
+                None => minute,
+                Some(ms) => (minute * u128::from(ms) / 60_000).max(SCALE),
+            }
+        })
     }
 
     fn refill(&mut self, elapsed: Duration) {
@@ -257,7 +279,7 @@ impl Bucket {
     fn room_at(&self, units: u64, now: Instant) -> Option<Instant> {
         let blocked = self.blocked_until.filter(|t| *t > now);
         let refilled = self.capacity.and_then(|c| {
-            let need = u128::from(units.min(c)) * SCALE;
+            let need = (u128::from(units) * SCALE).min(self.full());
             let missing = need.checked_sub(self.level).filter(|m| *m > 0)?;
             // At most 60 s (from empty to full): fits in u64 nanoseconds.
             let wait = missing.div_ceil(u128::from(c));
@@ -284,11 +306,12 @@ impl Bucket {
     fn observe(&mut self, seen: &LimitHeaders, now: Instant) {
         if let Some(limit) = seen.limit {
             let capacity = self.configured.map_or(limit, |c| c.min(limit));
-            if self.capacity.is_none() {
-                // Newly paced: full, until `remaining` says otherwise.
-                self.level = u128::from(capacity) * SCALE;
-            }
+            let newly = self.capacity.is_none();
             self.capacity = Some(capacity);
+            if newly {
+                // Newly paced: full, until `remaining` says otherwise.
+                self.level = self.full();
+            }
             self.level = self.level.min(self.full());
         }
         if let Some(remaining) = seen.remaining {
@@ -439,8 +462,8 @@ impl Pacer {
                 state: Mutex::new(State {
                     last: Instant::now(),
                     hold_until: None,
-                    requests: Bucket::new(limits.rpm),
-                    tokens: Bucket::new(limits.tpm),
+                    requests: Bucket::new(limits.rpm, limits.burst_ms),
+                    tokens: Bucket::new(limits.tpm, None),
                 }),
                 warned: AtomicU8::new(0),
             }),
@@ -614,6 +637,7 @@ impl Pacer {
             limits: PaceLimits {
                 rpm: state.requests.limit(),
                 tpm: state.tokens.limit(),
+                burst_ms: self.limits.burst_ms,
             },
             requests: state.requests.available(),
             tokens: state.tokens.available(),

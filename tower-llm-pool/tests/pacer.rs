@@ -43,7 +43,11 @@ fn headers(pairs: &[(&str, &[u8])]) -> HeaderMap {
 }
 
 fn limits(rpm: Option<u32>, tpm: Option<u32>) -> PaceLimits {
-    PaceLimits { rpm, tpm }
+    PaceLimits {
+        rpm,
+        tpm,
+        burst_ms: None,
+    }
 }
 
 /// The Anthropic fixture's `date`: Wed, 25 Feb 2026 20:02:32 GMT.

@@ -105,6 +105,7 @@ fn estimate() -> u64 {
 const LIMITS: PaceLimits = PaceLimits {
     rpm: Some(100),
     tpm: Some(100_000),
+    burst_ms: None,
 };
 
 #[tokio::test(start_paused = true)]

@@ -32,6 +32,7 @@ fn two_slow_keys() -> (Pool<Svc>, [Arc<AtomicUsize>; 2]) {
     let limits = PaceLimits {
         rpm: Some(2),
         tpm: None,
+        burst_ms: None,
     };
     let pool = Pool::new(vec![
         Deployment::new("a", counted(&calls[0])).with_pacer(Arc::new(Pacer::new(limits))),
@@ -164,6 +165,7 @@ async fn a_configured_tpm_paces_calls_that_name_no_output_cap() {
     let pacer = Arc::new(Pacer::new(PaceLimits {
         rpm: None,
         tpm: Some(60),
+        burst_ms: None,
     }));
     let pool = Pool::new(vec![
         Deployment::new("only", used).with_pacer(pacer.clone()),
