@@ -202,6 +202,9 @@ pub(crate) struct Queue<R> {
     max_wait: std::time::Duration,
     waiting: std::sync::atomic::AtomicUsize,
     priority: Option<PriorityFn<R>>,
+    /// Whose turn it is to wait for room: tokio's mutex is fair, so
+    /// waiters take their turns in order of arrival.
+    turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A place in a pool's queue, given back when dropped.
@@ -308,6 +311,7 @@ impl<S, R> Pool<S, R> {
                 max_wait: crate::MAX_HEADER_WAIT,
                 waiting: std::sync::atomic::AtomicUsize::new(0),
                 priority: None,
+                turn: Arc::default(),
             }),
         }
     }
@@ -316,8 +320,8 @@ impl<S, R> Pool<S, R> {
     /// for room (default 256), each at most `max_wait` (default 60 s) and
     /// never past its deadline; the others fail at once (rate limited,
     /// with the time to the soonest room), and a fallback layer fails them
-    /// over. Waiters choose again when the soonest room comes, in no
-    /// stricter order than their timers fire.
+    /// over. Waiters take their turns in order of arrival: one at a time
+    /// waits for the soonest room and takes it.
     #[must_use]
     pub fn with_queue(mut self, max_waiting: usize, max_wait: std::time::Duration) -> Self {
         self.queue = Arc::new(Queue {
@@ -325,6 +329,7 @@ impl<S, R> Pool<S, R> {
             max_wait,
             waiting: std::sync::atomic::AtomicUsize::new(0),
             priority: self.queue.priority.clone(),
+            turn: Arc::default(),
         });
         self
     }
@@ -354,6 +359,7 @@ impl<S, R> Pool<S, R> {
             max_wait: self.queue.max_wait,
             waiting: std::sync::atomic::AtomicUsize::new(0),
             priority: Some(Arc::new(priority)),
+            turn: Arc::default(),
         });
         self
     }
@@ -488,6 +494,9 @@ where
         let n = self.members.len().min(MAX_DEPLOYMENTS);
         // Deployments called in this attempt (a bit each: no allocation).
         let mut tried: u64 = 0;
+        // A place in the queue and the turn to wait, while it waits.
+        let mut slot: Option<Waiting<'_, R>> = None;
+        let mut turn: Option<tokio::sync::OwnedMutexGuard<()>> = None;
         let mut last: Option<Failure> = None;
         let record = AttemptLog::of(&req).and_then(|log| Some((log.clone(), log.in_flight()?)));
         let key = self.affinity.as_ref().and_then(|f| f(&req));
@@ -517,9 +526,25 @@ where
                 // (within the call's deadline and the pool's queue), then
                 // choose again; else fail with the last fault.
                 if let Some(at) = soonest {
-                    if let Some(_slot) = self.queue.admit(&req, at, now) {
-                        tokio::time::sleep_until(at).await;
-                        continue;
+                    if slot.is_none() {
+                        slot = self.queue.admit(&req, at, now);
+                    }
+                    if slot.is_some() {
+                        if turn.is_none() {
+                            // One waiter at a time waits for room, in
+                            // order of arrival (within the deadline).
+                            let lock = self.queue.turn.clone().lock_owned();
+                            turn = match Deadline::of(&req) {
+                                Some(d) => tokio::time::timeout_at(d.instant(), lock).await.ok(),
+                                None => Some(lock.await),
+                            };
+                            if turn.is_some() {
+                                continue;
+                            }
+                        } else if Deadline::of(&req).is_none_or(|d| d.instant() > at) {
+                            tokio::time::sleep_until(at).await;
+                            continue;
+                        }
                     }
                 }
                 return Err(last.unwrap_or_else(|| paced(soonest, now)));
@@ -547,6 +572,9 @@ where
                 },
             };
             tried |= 1 << i;
+            // Its turn is over once a deployment has taken it.
+            drop(turn.take());
+            drop(slot.take());
             let mut copy = req.clone();
             if let Some(model) = &m.model {
                 copy.set_model(model);

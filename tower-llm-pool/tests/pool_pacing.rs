@@ -189,3 +189,49 @@ async fn a_configured_tpm_paces_calls_that_name_no_output_cap() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn waiters_are_served_in_order_of_arrival() {
+    // Two keys of 2 a minute; each records which waiter it served, when.
+    let start = Instant::now();
+    let served = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recording = || {
+        let served = served.clone();
+        BoxCloneSyncService::new(service_fn(move |req: ChatRequest| {
+            served
+                .lock()
+                .expect("lock")
+                .push((req.model.to_string(), start.elapsed()));
+            async { Ok(ChatResponse::builder("m").text("ok").build()) }
+        }))
+    };
+    let limits = PaceLimits {
+        rpm: Some(2),
+        tpm: None,
+        burst_ms: None,
+    };
+    let pool: Pool<Svc> = Pool::new(vec![
+        Deployment::new("a", recording()).with_pacer(Arc::new(Pacer::new(limits))),
+        Deployment::new("b", recording()).with_pacer(Arc::new(Pacer::new(limits))),
+    ]);
+    for _ in 0..4 {
+        pool.clone().oneshot(hello()).await.expect("room");
+    }
+    let mut waiters = Vec::new();
+    for n in 0..4 {
+        let pool = pool.clone();
+        let req = ChatRequest::new(format!("w{n}"), vec![Message::user("hi")]);
+        waiters.push(tokio::spawn(async move { pool.oneshot(req).await }));
+        // Each arrives after the one before is waiting.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for w in waiters {
+        w.await.expect("joined").expect("served");
+    }
+    let served: Vec<_> = served.lock().expect("lock")[4..].to_vec();
+    let order: Vec<_> = served.iter().map(|(m, _)| m.as_str()).collect();
+    assert_eq!(order, ["w0", "w1", "w2", "w3"], "{served:?}");
+    // Two rooms every 30 s (one per key).
+    assert_eq!(served[1].1, Duration::from_secs(30));
+    assert_eq!(served[3].1, Duration::from_secs(60));
+}
