@@ -433,3 +433,30 @@ fn a_pool_is_named_by_chains_and_checked_at_load() {
         .to_string();
     assert!(e.contains("rpm and tpm must be above 0"), "{e}");
 }
+
+#[test]
+fn a_route_holds_budgets_only_with_every_called_link_priced_and_an_output_cap() {
+    let route = |extra: &str| {
+        format!(
+            "[[routes]]\nmodel = \"smart\"\n{extra}\nchain = [{{ provider = \"a\", model = \"big\" }}, {{ provider = \"b\", model = \"small\" }}]\n"
+        )
+    };
+    let holds = |text: &str| {
+        let policy = priced(text).expect("loads");
+        let r = policy.resolve(&policy.routes[0]).expect("resolves");
+        policy.holds_budgets(&policy.routes[0], &r)
+    };
+    assert!(holds(&format!(
+        "{}{PRICES}",
+        route("max_output_tokens = 100")
+    )));
+    assert!(!holds(&format!("{}{PRICES}", route(""))), "no output cap");
+    assert!(!holds(&route("max_output_tokens = 100")), "no prices");
+    let hedged = route(
+        "max_output_tokens = 100\nhedge = { delay_ms = 100 }\nhedge_to = { provider = \"b\", model = \"other\" }",
+    );
+    assert!(
+        !holds(&format!("{hedged}{PRICES}")),
+        "an unpriced hedge target"
+    );
+}

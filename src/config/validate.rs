@@ -66,6 +66,12 @@ impl Policy {
                     ));
                 }
             }
+            if provider.burst_ms.is_some_and(|b| b == 0 || b > 60_000) {
+                p.push(format!(
+                    "provider \"{}\": burst_ms must be 1 to 60000 (a minute's worth at most)",
+                    provider.name
+                ));
+            }
             if provider.rpm == Some(0) || provider.tpm == Some(0) {
                 p.push(format!(
                     "provider \"{}\": rpm and tpm must be above 0 (leave them out for no limit)",
@@ -285,6 +291,20 @@ impl Policy {
         ConfigError::check(p)
     }
 
+    /// `true` when every link `route` may call (its chain and hedge
+    /// targets) is priced and it has an output cap: a call on it can be
+    /// held to a budget (a caller's `x-llm-max-cost`).
+    pub fn holds_budgets(
+        &self,
+        route: &super::RouteConfig,
+        resolved: &super::ResolvedRoute,
+    ) -> bool {
+        route.max_output_tokens.is_some()
+            && called_links(route, resolved)
+                .into_iter()
+                .all(|(p, m)| self.price(p, m).is_some())
+    }
+
     /// A route held to a budget (its `max_total_cost`) or to `[quotas]`
     /// needs every link it may call priced and an output cap.
     fn check_costs(
@@ -312,18 +332,7 @@ impl Policy {
                 "{at}: {why} needs max_output_tokens (the most output one attempt may hold)"
             ));
         }
-        let mut called: std::collections::BTreeSet<(&str, &str)> = resolved
-            .chain
-            .iter()
-            .map(|l| (l.provider.as_str(), l.model.as_str()))
-            .collect();
-        for link in &resolved.chain {
-            if let Some(HedgeTarget::Link { provider, model }) =
-                link.hedge_to.as_ref().or(route.hedge_to.as_ref())
-            {
-                called.insert((provider.as_str(), model.as_str()));
-            }
-        }
+        let called = called_links(route, resolved);
         for (provider, model) in called {
             if self.price(provider, model).is_none() {
                 p.push(format!(
@@ -335,6 +344,26 @@ impl Policy {
 }
 
 /// Checks an admission rule.
+/// The links a route may call: its chain and its links' hedge targets.
+fn called_links<'a>(
+    route: &'a super::RouteConfig,
+    resolved: &'a super::ResolvedRoute,
+) -> std::collections::BTreeSet<(&'a str, &'a str)> {
+    let mut called: std::collections::BTreeSet<(&str, &str)> = resolved
+        .chain
+        .iter()
+        .map(|l| (l.provider.as_str(), l.model.as_str()))
+        .collect();
+    for link in &resolved.chain {
+        if let Some(HedgeTarget::Link { provider, model }) =
+            link.hedge_to.as_ref().or(route.hedge_to.as_ref())
+        {
+            called.insert((provider.as_str(), model.as_str()));
+        }
+    }
+    called
+}
+
 fn check_rule(rule: &AdmitRule, at: &str, p: &mut Vec<String>) {
     if http::HeaderName::from_bytes(rule.header.as_bytes()).is_err() {
         p.push(format!(

@@ -254,8 +254,9 @@ impl std::error::Error for InvalidQuota {}
 ///
 /// A store makes it with [`QuotaHold::new`]: the tenant, the window the
 /// hold was taken in (a settle lands there even when the window has
-/// ended since), the store's id for it, and the amount held.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// ended since), the store's id for it, and the amount held. Not
+/// `Clone`: a hold is settled exactly once.
+#[derive(Debug, PartialEq, Eq)]
 pub struct QuotaHold {
     tenant: Tenant,
     window: u64,

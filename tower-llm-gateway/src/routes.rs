@@ -158,10 +158,7 @@ pub(crate) fn build(
             Arc::new(RouteInfo {
                 deadline: Duration::from_millis(resolved.total_ms),
                 verify,
-                priced: resolved
-                    .chain
-                    .iter()
-                    .all(|l| policy.price(&l.provider, &l.model).is_some()),
+                priced: policy.holds_budgets(route, &resolved),
             }),
         );
     }

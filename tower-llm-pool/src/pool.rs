@@ -207,8 +207,9 @@ pub(crate) struct Queue<R> {
     turn: Arc<tokio::sync::Mutex<()>>,
 }
 
-/// A place in a pool's queue, given back when dropped.
-pub(crate) struct Waiting<'a, R>(&'a Queue<R>);
+/// A place in a pool's queue, given back when dropped, and the instant
+/// past which its call waits no more (`max_wait` after it came in).
+pub(crate) struct Waiting<'a, R>(&'a Queue<R>, Instant);
 
 impl<R> Drop for Waiting<'_, R> {
     fn drop(&mut self) {
@@ -241,7 +242,7 @@ impl<R: LlmRequest> Queue<R> {
                 .waiting
                 .compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return Some(Waiting(self)),
+                Ok(_) => return Some(Waiting(self, now + self.max_wait)),
                 Err(seen) => n = seen,
             }
         }
@@ -529,19 +530,19 @@ where
                     if slot.is_none() {
                         slot = self.queue.admit(&req, at, now);
                     }
-                    if slot.is_some() {
+                    if let Some(Waiting(_, until)) = &slot {
+                        // Never past `max_wait` from coming in, nor the
+                        // deadline.
+                        let until = Deadline::of(&req).map_or(*until, |d| d.instant().min(*until));
                         if turn.is_none() {
                             // One waiter at a time waits for room, in
-                            // order of arrival (within the deadline).
+                            // order of arrival.
                             let lock = self.queue.turn.clone().lock_owned();
-                            turn = match Deadline::of(&req) {
-                                Some(d) => tokio::time::timeout_at(d.instant(), lock).await.ok(),
-                                None => Some(lock.await),
-                            };
+                            turn = tokio::time::timeout_at(until, lock).await.ok();
                             if turn.is_some() {
                                 continue;
                             }
-                        } else if Deadline::of(&req).is_none_or(|d| d.instant() > at) {
+                        } else if until > at {
                             tokio::time::sleep_until(at).await;
                             continue;
                         }
@@ -602,7 +603,10 @@ where
             if let Some(ticket) = ticket {
                 // Until usage is read back, what was taken stays taken;
                 // a shared ticket gives back to the fleet's buckets too.
-                ticket.settle(ticket_tokens(&result).unwrap_or(u64::MAX));
+                // Usage unknown (a stream, a failure without an answer):
+                // what was taken stays taken.
+                let taken = ticket.tokens();
+                ticket.settle(ticket_tokens(&result).unwrap_or(taken));
             }
             match result {
                 Ok(answer) => return Ok(answer),

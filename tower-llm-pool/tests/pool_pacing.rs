@@ -235,3 +235,21 @@ async fn waiters_are_served_in_order_of_arrival() {
     assert_eq!(served[1].1, Duration::from_secs(30));
     assert_eq!(served[3].1, Duration::from_secs(60));
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_of_unknown_usage_keeps_what_was_taken_and_no_more() {
+    // 6000 tokens a minute; the answer reports no usage (as a stream's
+    // head does): the call keeps its estimate (its input bound, 26), the
+    // bucket is not drained.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let pacer = Arc::new(Pacer::new(PaceLimits {
+        rpm: None,
+        tpm: Some(6_000),
+        burst_ms: None,
+    }));
+    let pool = Pool::new(vec![
+        Deployment::new("only", counted(&calls)).with_pacer(pacer.clone()),
+    ]);
+    pool.clone().oneshot(hello()).await.expect("served");
+    assert_eq!(pacer.snapshot().tokens, Some(6_000 - 26));
+}

@@ -209,7 +209,7 @@ pub(super) async fn chat(
             Some(_) => {
                 return error(
                     StatusCode::BAD_REQUEST,
-                    "this route cannot hold a call to a budget: not every link is priced ([prices])",
+                    "this route cannot hold a call to a budget: not every link it may call is priced ([prices]), or it has no max_output_tokens",
                     "invalid_request_error",
                     Some("invalid_max_cost"),
                 );

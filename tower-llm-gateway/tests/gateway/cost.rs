@@ -360,7 +360,7 @@ async fn x_llm_max_cost_not_an_amount_or_on_an_unpriced_route_is_a_400_without_a
     assert_eq!(json["error"]["code"], "invalid_max_cost");
     assert_eq!(
         json["error"]["message"],
-        "this route cannot hold a call to a budget: not every link is priced ([prices])"
+        "this route cannot hold a call to a budget: not every link it may call is priced ([prices]), or it has no max_output_tokens"
     );
     assert_eq!(h.primary.received().len(), 0);
     assert_eq!(h.backup.received().len(), 0);
