@@ -121,7 +121,8 @@ pub struct LimitedUpstream {
 
 #[derive(Debug, Default)]
 struct State {
-    keys: HashMap<String, Key>,
+    /// By the key's raw bytes (a key is opaque, never decoded).
+    keys: HashMap<Vec<u8>, Key>,
 }
 
 #[derive(Debug, Default)]
@@ -202,17 +203,17 @@ impl LimitedUpstream {
     pub fn stats(&self, key: &str) -> KeyStats {
         lock(&self.state)
             .keys
-            .get(key)
+            .get(key.as_bytes())
             .map(|k| k.stats)
             .unwrap_or_default()
     }
 
-    /// Every key seen, with its stats, by key.
+    /// Every key seen, with its stats, by key (shown lossily as text).
     pub fn all_stats(&self) -> Vec<(String, KeyStats)> {
         let mut all: Vec<_> = lock(&self.state)
             .keys
             .iter()
-            .map(|(k, v)| (k.clone(), v.stats))
+            .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.stats))
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all
@@ -259,10 +260,9 @@ async fn handle(
     let key = parts
         .headers
         .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
         .unwrap_or_default()
-        .to_owned();
+        .to_vec();
     let cost = limits.call_tokens();
     let now = Instant::now();
     let (admitted, window, retry) = {
