@@ -22,7 +22,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower_llm_test_support::{KeyStats, LimitedUpstream, Limits, RedisServer, poll};
 
-use crate::support::{Binary, Resp, redis_command, send, spawn_logged_with_env};
+use crate::support::{Binary, Pair, Resp, redis_command, send};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -129,47 +129,15 @@ fn shared_table(redis: &RedisServer, prefix: &str, local_share: f64) -> String {
     )
 }
 
-/// Two gateway processes on one policy file, each provider's key in its
-/// environment, their logs kept.
-struct Pair {
-    a: Binary,
-    b: Binary,
-    logs: [std::path::PathBuf; 2],
-}
-
-impl Pair {
-    async fn start(name: &str, config: &std::path::Path) -> Pair {
-        let logs = ["a", "b"].map(|p| {
-            std::env::temp_dir().join(format!(
-                "tower-llm-binary-pools-{name}-{p}-{}.log",
-                std::process::id()
-            ))
-        });
-        let env = [("K1", "sk-k1"), ("K2", "sk-k2"), ("K3", "sk-k3")];
-        let a = spawn_logged_with_env(config, &env, &logs[0]).await;
-        let b = spawn_logged_with_env(config, &env, &logs[1]).await;
-        Pair { a, b, logs }
-    }
-
-    /// How often each process logged that its pacing store stopped
-    /// sharing on Redis (once per outage).
-    fn outages(&self) -> [usize; 2] {
-        self.logs.clone().map(|log| {
-            std::fs::read_to_string(&log)
-                .expect("the log")
-                .lines()
-                .filter(|l| l.contains("pool pacing store: Redis unavailable"))
-                .count()
-        })
-    }
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        for log in &self.logs {
-            let _ = std::fs::remove_file(log);
-        }
-    }
+/// The pair of processes of `config`, logging to files of their own.
+async fn start_pair(name: &str, config: &std::path::Path) -> Pair {
+    Pair::start(
+        &format!("pools-{name}"),
+        config,
+        &[("K1", "sk-k1"), ("K2", "sk-k2"), ("K3", "sk-k3")],
+        "pool pacing store: Redis unavailable",
+    )
+    .await
 }
 
 /// Whether `gw`'s `ai_router_pool_shared_store_up` reads `want`.
@@ -374,7 +342,7 @@ async fn run_pair(
     let prefix = format!("pools-{name}:");
     let shared = redis.map_or(String::new(), |r| shared_table(r, &prefix, 0.5));
     let config = policy(name, upstream, limits, &shared);
-    let pair = Pair::start(name, &config).await;
+    let pair = start_pair(name, &config).await;
     let client = client();
     if redis.is_some() {
         both_read(&client, &pair, 1).await;
@@ -486,7 +454,7 @@ async fn with_redis_killed_mid_run_each_process_paces_at_its_share() {
         &format!("rpm = {BUDGET_RPM}"),
         &shared_table(&redis, "pools-killed:", 0.5),
     );
-    let pair = Pair::start("killed", &config).await;
+    let pair = start_pair("killed", &config).await;
     let client = client();
     both_read(&client, &pair, 1).await;
 

@@ -21,7 +21,7 @@ use hyper_util::rt::TokioExecutor;
 use tower_llm_providers::mock::{MockServer, Reply};
 use tower_llm_test_support::{RedisServer, poll};
 
-use crate::support::{Binary, Resp, redis_command, send, spawn_logged};
+use crate::support::{Binary, Pair, Resp, redis_command, send};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -295,45 +295,15 @@ async fn both_shared(client: &HttpClient, a: &Binary, b: &Binary) {
     }
 }
 
-/// Two gateway processes on one policy file, their logs kept.
-struct Pair {
-    a: Binary,
-    b: Binary,
-    logs: [std::path::PathBuf; 2],
-}
-
-impl Pair {
-    async fn start(name: &str, config: &std::path::Path) -> Pair {
-        let logs = ["a", "b"].map(|p| {
-            std::env::temp_dir().join(format!(
-                "tower-llm-binary-quotas-{name}-{p}-{}.log",
-                std::process::id()
-            ))
-        });
-        let a = spawn_logged(config, &[], &logs[0]).await;
-        let b = spawn_logged(config, &[], &logs[1]).await;
-        Pair { a, b, logs }
-    }
-
-    /// How often each process logged that its quota store stopped
-    /// counting on Redis (once per outage).
-    fn outages(&self) -> [usize; 2] {
-        self.logs.clone().map(|log| {
-            std::fs::read_to_string(&log)
-                .expect("the log")
-                .lines()
-                .filter(|l| l.contains("quota store: Redis unavailable"))
-                .count()
-        })
-    }
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        for log in &self.logs {
-            let _ = std::fs::remove_file(log);
-        }
-    }
+/// The pair of processes of `config`, logging to files of their own.
+async fn start_pair(name: &str, config: &std::path::Path) -> Pair {
+    Pair::start(
+        &format!("quotas-{name}"),
+        config,
+        &[("UPSTREAM_KEY", "sk-test-key")],
+        "quota store: Redis unavailable",
+    )
+    .await
 }
 
 fn client() -> HttpClient {
@@ -353,7 +323,7 @@ async fn two_processes_on_one_redis_never_pass_a_tenant_quota() {
         &upstream.url(),
         &shared_table(&redis, prefix, None),
     );
-    let pair = Pair::start("exact", &config).await;
+    let pair = start_pair("exact", &config).await;
     let (a, b) = (&pair.a, &pair.b);
     let client = client();
     both_shared(&client, a, b).await;
@@ -412,7 +382,7 @@ async fn two_processes_counting_locally_admit_up_to_twice_the_quota() {
     let _serial = SERIAL.lock().await;
     let upstream = metered_upstream().await;
     let config = policy("local", &upstream.url(), "");
-    let pair = Pair::start("local", &config).await;
+    let pair = start_pair("local", &config).await;
     let (a, b) = (&pair.a, &pair.b);
     let client = client();
 
@@ -461,7 +431,7 @@ async fn with_redis_killed_each_process_admits_its_share_and_pushes_it_back() {
         &upstream.url(),
         &shared_table(&redis, prefix, Some(0.5)),
     );
-    let pair = Pair::start("killed", &config).await;
+    let pair = start_pair("killed", &config).await;
     let (a, b) = (&pair.a, &pair.b);
     let client = client();
     both_shared(&client, a, b).await;
@@ -563,7 +533,7 @@ async fn with_redis_frozen_calls_answer_within_the_op_timeout_from_the_local_sha
         &upstream.url(),
         &shared_table(&redis, prefix, Some(0.5)),
     );
-    let pair = Pair::start("frozen", &config).await;
+    let pair = start_pair("frozen", &config).await;
     let (a, b) = (&pair.a, &pair.b);
     let client = client();
     both_shared(&client, a, b).await;

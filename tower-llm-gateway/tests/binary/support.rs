@@ -65,10 +65,18 @@ pub(crate) async fn spawn(config: &std::path::Path, args: &[&str]) -> Binary {
 
 /// Starts `command` (the binary with its arguments and environment) and
 /// waits (10 s at most) for the address it prints.
-pub(crate) async fn start(mut command: tokio::process::Command) -> Binary {
+pub(crate) async fn start(command: tokio::process::Command) -> Binary {
+    start_logging(command, Stdio::null()).await
+}
+
+/// As [`start`], with the binary's stderr (its log) sent to `stderr`.
+pub(crate) async fn start_logging(
+    mut command: tokio::process::Command,
+    stderr: impl Into<Stdio>,
+) -> Binary {
     let mut child = command
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
         .expect("the gateway binary starts");
@@ -206,70 +214,71 @@ pub(crate) async fn redis_command(url: &str, args: &[&str]) -> Resp {
     .expect("Redis answers within 2 s")
 }
 
-/// As [`spawn`], with the binary's stderr (its log) written to `log`.
-pub(crate) async fn spawn_logged(
-    config: &std::path::Path,
-    args: &[&str],
-    log: &std::path::Path,
-) -> Binary {
-    let file = std::fs::File::create(log).expect("create the log file");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-llm-gateway"))
-        .arg("--config")
-        .arg(config)
-        .args(["--listen", "127.0.0.1:0"])
-        .args(args)
-        .env("UPSTREAM_KEY", "sk-test-key")
-        .stdout(Stdio::piped())
-        .stderr(file)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the gateway binary starts");
-    let stdout = child.stdout.take().expect("its stdout");
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let url = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(at) = line.find("http://") {
-                return line[at..].trim().to_owned();
-            }
-        }
-        panic!("the gateway ended without listening");
-    })
-    .await
-    .expect("the gateway listens within 10 s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Binary { url, child }
-}
-
-/// As [`spawn_logged`], with each of `env` (a variable and its value)
-/// set too: the API keys of a policy's providers (`api_key_env`).
+/// The binary on `config`, its stderr (its log) written to `log`, with
+/// each of `env` (a variable and its value) set: the API keys of the
+/// policy's providers (`api_key_env`).
 pub(crate) async fn spawn_logged_with_env(
     config: &std::path::Path,
     env: &[(&str, &str)],
     log: &std::path::Path,
 ) -> Binary {
-    let file = std::fs::File::create(log).expect("create the log file");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-llm-gateway"))
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_tower-llm-gateway"));
+    command
         .arg("--config")
         .arg(config)
         .args(["--listen", "127.0.0.1:0"])
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(file)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the gateway binary starts");
-    let stdout = child.stdout.take().expect("its stdout");
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let url = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(at) = line.find("http://") {
-                return line[at..].trim().to_owned();
-            }
+        .envs(env.iter().copied());
+    let file = std::fs::File::create(log).expect("create the log file");
+    start_logging(command, file).await
+}
+
+/// Two gateway processes of one policy file, each logging to a file of
+/// its own (removed when dropped).
+pub(crate) struct Pair {
+    pub(crate) a: Binary,
+    pub(crate) b: Binary,
+    logs: [std::path::PathBuf; 2],
+    /// The line a process logs once when its shared store goes down.
+    outage: &'static str,
+}
+
+impl Pair {
+    /// The pair of `config`, with `env` set (the providers' API keys);
+    /// `outage` is the line each logs when its shared store goes down.
+    pub(crate) async fn start(
+        name: &str,
+        config: &std::path::Path,
+        env: &[(&str, &str)],
+        outage: &'static str,
+    ) -> Pair {
+        let logs = ["a", "b"].map(|p| {
+            std::env::temp_dir().join(format!(
+                "tower-llm-binary-{name}-{p}-{}.log",
+                std::process::id()
+            ))
+        });
+        let a = spawn_logged_with_env(config, env, &logs[0]).await;
+        let b = spawn_logged_with_env(config, env, &logs[1]).await;
+        Pair { a, b, logs, outage }
+    }
+
+    /// How often each process logged that its shared store went down
+    /// (once per outage).
+    pub(crate) fn outages(&self) -> [usize; 2] {
+        self.logs.clone().map(|log| {
+            std::fs::read_to_string(&log)
+                .expect("the log")
+                .lines()
+                .filter(|l| l.contains(self.outage))
+                .count()
+        })
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        for log in &self.logs {
+            let _ = std::fs::remove_file(log);
         }
-        panic!("the gateway ended without listening");
-    })
-    .await
-    .expect("the gateway listens within 10 s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Binary { url, child }
+    }
 }
