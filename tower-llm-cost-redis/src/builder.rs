@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{Notify, mpsc, watch};
 use tower_llm_cost::{MemoryQuota, QuotaConfig};
+use tower_llm_redis::LocalShare;
 use tower_llm_redis::{RedisSettings, Shutdown};
 
 use crate::error::RedisQuotaError;
@@ -109,7 +110,7 @@ impl RedisQuotaBuilder {
     /// least one replica).
     #[must_use]
     pub fn with_replicas(self, replicas: u32) -> Self {
-        self.with_local_share(1.0 / f64::from(replicas.max(1)))
+        self.with_local_share(LocalShare::of_replicas(replicas).get())
     }
 
     /// The capacity of the queue of settles to Redis (default 65,536, at
@@ -144,9 +145,7 @@ impl RedisQuotaBuilder {
     /// or the connection manager cannot be made.
     pub fn build(self) -> Result<RedisQuota, RedisQuotaError> {
         self.config.validate().map_err(RedisQuotaError::quota)?;
-        if !(self.share > 0.0 && self.share <= 1.0) {
-            return Err(RedisQuotaError::share(self.share));
-        }
+        let share = LocalShare::new(self.share).map_err(|e| RedisQuotaError::share(e.0))?;
         let runtime = self.redis.runtime()?;
         let conn = self.commands_connection()?;
         // The probe's own connection: its PING never waits behind this
@@ -164,11 +163,11 @@ impl RedisQuotaBuilder {
         let inner = Arc::new(Inner {
             conn,
             scripts: Scripts::new(),
-            local: MemoryQuota::new(local_config(&self.config, self.share)),
+            local: MemoryQuota::new(local_config(&self.config, share)),
             redis: self.redis,
             reserve_timeout: self.reserve_timeout,
             config: self.config,
-            share: self.share,
+            share,
             up: watch::Sender::new(true),
             wake: Notify::new(),
             probe: Notify::new(),

@@ -80,7 +80,7 @@ pub(crate) struct Inner {
     /// The longest a reserve waits for its reply.
     pub(crate) reserve_timeout: Duration,
     pub(crate) config: QuotaConfig,
-    pub(crate) share: f64,
+    pub(crate) share: tower_llm_redis::LocalShare,
     /// The in-process fallback: the limits × the share.
     pub(crate) local: MemoryQuota,
     /// Redis counts as up (optimistic at start: the first command or
@@ -117,7 +117,7 @@ impl Inner {
                 addr = %self.redis.addr(),
                 prefix = %self.redis.prefix(),
                 error,
-                local_share = self.share,
+                local_share = self.share.get(),
                 "quota store: Redis unavailable; each replica enforces its share of the quotas in-process until it answers again"
             );
             self.wake.notify_one();

@@ -8,6 +8,7 @@ use std::sync::{MutexGuard, PoisonError};
 
 use tower_llm_core::{Cost, Tenant};
 use tower_llm_cost::{Ask, Limits, QuotaConfig, QuotaHold, QuotaRefusal, QuotaStore};
+use tower_llm_redis::LocalShare;
 
 use crate::inner::{Inner, Job, LOCAL, add};
 
@@ -108,27 +109,17 @@ impl Inner {
 }
 
 /// `limits` × `share`, rounded down (a limit not set stays unset).
-pub(crate) fn scaled(limits: Limits, share: f64) -> Limits {
-    #[allow(
-        clippy::cast_precision_loss,
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss
-    )]
-    let scale = |n: u64| {
-        if share >= 1.0 {
-            n
-        } else {
-            (n as f64 * share).floor() as u64
-        }
-    };
+pub(crate) fn scaled(limits: Limits, share: LocalShare) -> Limits {
     Limits {
-        max_cost: limits.max_cost.map(|c| Cost::from_nanos(scale(c.nanos()))),
-        max_tokens: limits.max_tokens.map(scale),
+        max_cost: limits
+            .max_cost
+            .map(|c| Cost::from_nanos(share.scale(c.nanos()))),
+        max_tokens: limits.max_tokens.map(|t| share.scale(t)),
     }
 }
 
 /// The in-process fallback's settings: `config` with every limit × `share`.
-pub(crate) fn local_config(config: &QuotaConfig, share: f64) -> QuotaConfig {
+pub(crate) fn local_config(config: &QuotaConfig, share: LocalShare) -> QuotaConfig {
     let mut local = config.clone();
     local.limits = scaled(config.limits, share);
     for limits in local.tenants.values_mut() {
@@ -159,18 +150,18 @@ mod tests {
                 max_tokens: None,
             },
         );
-        let local = local_config(&c, 0.25);
+        let local = local_config(&c, LocalShare::of_replicas(4));
         assert_eq!(local.limits.max_cost, Cost::from_dollars(0.25));
         assert_eq!(local.limits.max_tokens, Some(250));
         assert_eq!(local.limits_of(b"big").max_cost, Cost::from_dollars(2.5));
         assert_eq!(local.limits_of(b"big").max_tokens, None);
-        assert_eq!(local_config(&c, 1.0), c);
+        assert_eq!(local_config(&c, LocalShare::WHOLE), c);
         let third = scaled(
             Limits {
                 max_cost: None,
                 max_tokens: Some(10),
             },
-            1.0 / 3.0,
+            LocalShare::of_replicas(3),
         );
         assert_eq!(third.max_tokens, Some(3));
     }

@@ -225,7 +225,7 @@ impl Inner {
                 prefix = %self.redis.prefix(),
                 late = n,
                 reserve_timeout = ?self.reserve_timeout,
-                local_share = self.share,
+                local_share = self.share.get(),
                 "quota store: a reserve got no reply within the reserve timeout while Redis answers PING; that call is counted in-process at the local share, the store stays shared"
             );
         }

@@ -48,7 +48,7 @@ impl fmt::Debug for RedisQuota {
             .field("redis", &self.inner.redis)
             .field("config", &self.inner.config)
             .field("reserve_timeout", &self.inner.reserve_timeout)
-            .field("local_share", &self.inner.share)
+            .field("local_share", &self.inner.share.get())
             .field("shared", &self.is_shared())
             .finish_non_exhaustive()
     }
@@ -103,7 +103,7 @@ impl RedisQuota {
 
     /// This replica's share of every limit while Redis is down.
     pub fn local_share(&self) -> f64 {
-        self.inner.share
+        self.inner.share.get()
     }
 
     /// The in-process store used while Redis is down (its limits are the

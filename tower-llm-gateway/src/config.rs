@@ -189,12 +189,8 @@ impl SharedQuotas {
             prefix: None,
         }
         .check(table, problems);
-        if let Some(share) = self.local_share {
-            if !(share > 0.0 && share <= 1.0) {
-                problems.push(format!(
-                    "{table}.local_share = {share}: must be above 0 and at most 1"
-                ));
-            }
+        if let Some(Err(e)) = self.local_share.map(tower_llm_redis::LocalShare::new) {
+            problems.push(format!("{table}.{e}"));
         }
     }
 }

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
+use tower_llm_redis::LocalShare;
 use tower_llm_redis::{RedisSettings, Shutdown};
 
 use crate::error::RedisPacingError;
@@ -70,7 +71,7 @@ impl RedisPacingBuilder {
     /// least one replica).
     #[must_use]
     pub fn with_replicas(self, replicas: u32) -> Self {
-        self.with_local_share(1.0 / f64::from(replicas.max(1)))
+        self.with_local_share(LocalShare::of_replicas(replicas).get())
     }
 
     /// Makes the store and spawns its liveness task (stopped when the
@@ -82,9 +83,7 @@ impl RedisPacingBuilder {
     /// runs outside a tokio runtime, or a connection manager cannot be
     /// made.
     pub fn build(self) -> Result<RedisPacing, RedisPacingError> {
-        if !(self.share > 0.0 && self.share <= 1.0) {
-            return Err(RedisPacingError::share(self.share));
-        }
+        let share = LocalShare::new(self.share).map_err(|e| RedisPacingError::share(e.0))?;
         let runtime = self.redis.runtime()?;
         let conn = self.redis.connection_manager()?;
         // The liveness task's own connection: its PING never waits behind
@@ -94,7 +93,7 @@ impl RedisPacingBuilder {
             conn,
             scripts: Scripts::new(),
             redis: self.redis,
-            share: self.share,
+            share,
             local: Mutex::new(HashMap::new()),
             up: watch::Sender::new(true),
             probe: Notify::new(),

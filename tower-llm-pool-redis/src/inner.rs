@@ -11,7 +11,7 @@ use redis::aio::ConnectionManager;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tower_llm_pool::{PaceLimits, Pacer, SharedTicket};
-use tower_llm_redis::RedisSettings;
+use tower_llm_redis::{LocalShare, RedisSettings};
 
 use crate::scripts::{Scripts, TTL_MS, Taken, amount, limit};
 
@@ -33,7 +33,7 @@ pub(crate) struct Inner {
     pub(crate) conn: ConnectionManager,
     pub(crate) scripts: Scripts,
     pub(crate) redis: RedisSettings,
-    pub(crate) share: f64,
+    pub(crate) share: LocalShare,
     /// The in-process pacers used while Redis is down (limits × share).
     pub(crate) local: Mutex<LocalPacers>,
     /// Redis counts as up (optimistic at start: the first command or
@@ -66,7 +66,7 @@ impl Inner {
                 addr = %self.redis.addr(),
                 prefix = %self.redis.prefix(),
                 error,
-                local_share = self.share,
+                local_share = self.share.get(),
                 "pool pacing store: Redis unavailable; each replica paces every deployment at its share of the limits in-process until it answers again"
             );
             self.probe.notify_one();
@@ -156,7 +156,7 @@ impl Inner {
                 prefix = %self.redis.prefix(),
                 late = n,
                 op_timeout = ?self.redis.op_timeout(),
-                local_share = self.share,
+                local_share = self.share.get(),
                 "pool pacing store: a take got no reply within the op timeout; that request is paced in-process at the local share"
             );
         }
@@ -247,15 +247,8 @@ fn is_connection_error(e: &redis::RedisError) -> bool {
 
 /// `limits` × `share`, rounded down (a limit not set stays unset; the
 /// pacer counts 0 as 1).
-pub(crate) fn scaled(limits: PaceLimits, share: f64) -> PaceLimits {
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let scale = |n: u32| {
-        if share >= 1.0 {
-            n
-        } else {
-            (f64::from(n) * share).floor() as u32
-        }
-    };
+pub(crate) fn scaled(limits: PaceLimits, share: LocalShare) -> PaceLimits {
+    let scale = |n: u32| u32::try_from(share.scale(u64::from(n))).unwrap_or(n);
     PaceLimits {
         rpm: limits.rpm.map(scale),
         tpm: limits.tpm.map(scale),
@@ -265,7 +258,7 @@ pub(crate) fn scaled(limits: PaceLimits, share: f64) -> PaceLimits {
 
 #[cfg(test)]
 mod tests {
-    use super::scaled;
+    use super::{LocalShare, scaled};
     use tower_llm_pool::PaceLimits;
 
     #[test]
@@ -276,20 +269,23 @@ mod tests {
             burst_ms: None,
         };
         assert_eq!(
-            scaled(limits, 0.5),
+            scaled(limits, LocalShare::new(0.5).unwrap()),
             PaceLimits {
                 rpm: Some(30),
                 tpm: Some(5_000),
                 burst_ms: None
             }
         );
-        assert_eq!(scaled(limits, 1.0), limits);
+        assert_eq!(scaled(limits, LocalShare::WHOLE), limits);
         let tpm_only = PaceLimits {
             rpm: None,
             tpm: Some(u32::MAX),
             burst_ms: None,
         };
-        assert_eq!(scaled(tpm_only, 1.0 / 3.0).tpm, Some(u32::MAX / 3));
-        assert_eq!(scaled(tpm_only, 1.0 / 3.0).rpm, None);
+        assert_eq!(
+            scaled(tpm_only, LocalShare::of_replicas(3)).tpm,
+            Some(u32::MAX / 3)
+        );
+        assert_eq!(scaled(tpm_only, LocalShare::of_replicas(3)).rpm, None);
     }
 }

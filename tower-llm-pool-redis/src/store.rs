@@ -31,7 +31,7 @@ impl fmt::Debug for RedisPacing {
         // The address only: never the URL (it may carry a password).
         f.debug_struct("RedisPacing")
             .field("redis", &self.inner.redis)
-            .field("local_share", &self.inner.share)
+            .field("local_share", &self.inner.share.get())
             .field("shared", &self.is_shared())
             .finish_non_exhaustive()
     }
@@ -79,7 +79,7 @@ impl RedisPacing {
 
     /// This replica's share of every limit while Redis is down.
     pub fn local_share(&self) -> f64 {
-        self.inner.share
+        self.inner.share.get()
     }
 
     /// The in-process pacer of `deployment` used while Redis is down: its

@@ -13,6 +13,7 @@
 //!   [`Subscriber`]).
 //! - [`Shutdown`] and [`ShutdownSignal`]: a store's tasks stop when the
 //!   store is dropped.
+//! - [`LocalShare`]: what a replica enforces alone while Redis is down.
 //! - [`redact_url`]: a Redis URL for logs; [`Error`]: why a store could
 //!   not be made.
 //!
@@ -54,6 +55,7 @@ mod backoff;
 mod error;
 mod pubsub;
 mod settings;
+mod share;
 mod shutdown;
 mod url;
 
@@ -61,5 +63,6 @@ pub use backoff::Backoff;
 pub use error::Error;
 pub use pubsub::{Subscriber, listen};
 pub use settings::{RedisSettings, ping};
+pub use share::{InvalidShare, LocalShare};
 pub use shutdown::{Shutdown, ShutdownSignal};
 pub use url::redact_url;
