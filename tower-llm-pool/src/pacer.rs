@@ -453,6 +453,18 @@ impl State {
     }
 }
 
+/// A local ticket given back if the fleet's take is dropped before it
+/// answers.
+struct CancelOnDrop(Option<PaceTicket>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.0.take() {
+            ticket.cancel();
+        }
+    }
+}
+
 impl Pacer {
     /// A pacer of `limits`, its buckets full.
     pub fn new(limits: PaceLimits) -> Self {
@@ -553,15 +565,22 @@ impl Pacer {
     /// The instant at which there will be room for this request, here or
     /// in the fleet's buckets: nothing was taken.
     pub async fn take(&self, tokens: u64) -> Result<PaceTicket, Instant> {
-        let mut ticket = self.try_take(tokens)?;
+        let ticket = self.try_take(tokens)?;
         let Some(fleet) = &self.fleet else {
             return Ok(ticket);
         };
-        match fleet
+        // Dropped while the fleet answers (the caller left): this
+        // replica's room goes back.
+        let mut local = CancelOnDrop(Some(ticket));
+        let shared = fleet
             .store
             .take(&fleet.deployment, self.limits, tokens)
-            .await
-        {
+            .await;
+        let mut ticket = local
+            .0
+            .take()
+            .expect("taken above, given back only when dropped");
+        match shared {
             Ok(shared) => {
                 ticket.fleet = Some(Box::new(FleetTicket {
                     ticket: shared,

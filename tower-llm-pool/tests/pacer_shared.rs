@@ -214,3 +214,35 @@ async fn a_failed_call_gives_back_all_it_took_and_an_unpaced_pacer_never_asks_th
     ticket.settle(0);
     assert_eq!(fleet.takes.lock().expect("lock").len(), 1);
 }
+
+/// A fleet store that never answers (a frozen one, seen from a caller
+/// that leaves first).
+#[derive(Debug)]
+struct Silent;
+
+impl SharedPacing for Silent {
+    fn take<'a>(&'a self, _: &'a str, _: PaceLimits, _: u64) -> SharedTake<'a> {
+        Box::pin(std::future::pending())
+    }
+
+    fn give_back(&self, _: &str, _: PaceLimits, _: u64) {}
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_take_dropped_while_the_fleet_answers_gives_this_replica_s_room_back() {
+    let pacer = Pacer::new(PaceLimits {
+        rpm: Some(60),
+        tpm: Some(6_000),
+        burst_ms: None,
+    })
+    .with_shared(Arc::new(Silent), "k1");
+    let before = pacer.snapshot();
+    let take = pacer.take(500);
+    let left = tokio::time::timeout(Duration::from_millis(10), take).await;
+    assert!(left.is_err(), "the fleet never answered");
+    let after = pacer.snapshot();
+    assert_eq!(
+        (after.requests, after.tokens),
+        (before.requests, before.tokens)
+    );
+}
