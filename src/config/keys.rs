@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tower_llm_breaker::{BreakerKey, KeyFn};
-use tower_llm_core::{ChatRequest, Link};
+use tower_llm_core::{Link, LlmRequest};
 
 use super::{LinkConfig, Policy, ProviderKind};
 
@@ -50,8 +50,8 @@ impl PolicyKey {
     }
 }
 
-impl KeyFn<ChatRequest> for PolicyKey {
-    fn key(&self, req: &ChatRequest, default: &Link) -> BreakerKey {
+impl<Req: LlmRequest> KeyFn<Req> for PolicyKey {
+    fn key(&self, req: &Req, default: &Link) -> BreakerKey {
         let link = Link::of(req).unwrap_or(default);
         self.of(link)
             .cloned()
@@ -60,7 +60,7 @@ impl KeyFn<ChatRequest> for PolicyKey {
 
     fn with_key<R>(
         &self,
-        req: &ChatRequest,
+        req: &Req,
         default: &Link,
         f: impl FnOnce(tower_llm_breaker::KeyView<'_>) -> R,
     ) -> R {

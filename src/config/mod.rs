@@ -70,6 +70,7 @@ use tower_llm_providers::StreamTimeouts;
 use tower_llm_retry::RetryConfig;
 
 mod build;
+mod embed;
 mod error;
 mod keys;
 mod load;
@@ -90,7 +91,9 @@ pub use named::{
     FallbackStep, Idempotency, NeverBypass, OperationPolicy, RISK_HEADER, SeedBackoff, SeedClass,
 };
 pub use pool::{DeploymentConfig, PoolConfig, Pools};
-pub use provider::{ProviderConfig, ProviderKind, ProviderServices, RouteService};
+pub use provider::{
+    EmbeddingService, ProviderConfig, ProviderKind, ProviderServices, RouteService,
+};
 pub use route::{AdmitRule, HedgeTarget, InboundHeaders, LinkConfig, ResolvedRoute, RouteConfig};
 
 /// A whole policy: the file's top level.

@@ -7,12 +7,13 @@ use serde::{Deserialize, Serialize};
 use tower::ServiceBuilder;
 use tower::util::BoxCloneSyncService;
 use tower_llm_core::{
-    BoxError, ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics,
+    BoxError, ChatRequest, ChatResponse, ChatStream, EmbeddingRequest, EmbeddingResponse, Failure,
+    FailureClass, GenAiMetrics,
 };
 use tower_llm_providers::StreamTimeouts;
 use tower_llm_providers::{
     Anthropic, AnthropicConfig, ApiKey, AwsCredentials, Bedrock, BedrockConfig, OpenAi,
-    OpenAiConfig, RequestBody,
+    OpenAiConfig, OpenAiEmbeddings, RequestBody,
 };
 
 use super::{ConfigError, LinkConfig};
@@ -95,6 +96,9 @@ pub struct ProviderConfig {
 /// A route's (or a provider's) service, boxed.
 pub type RouteService<Res> = BoxCloneSyncService<ChatRequest, Res, Failure>;
 
+/// A route's (or a provider's) embeddings service, boxed.
+pub type EmbeddingService = BoxCloneSyncService<EmbeddingRequest, EmbeddingResponse, Failure>;
+
 /// A provider's services, built once per policy and shared by every route
 /// that names it.
 #[derive(Debug, Clone)]
@@ -103,6 +107,9 @@ pub struct ProviderServices {
     pub chat: RouteService<ChatResponse>,
     /// Streaming chat.
     pub stream: RouteService<ChatStream>,
+    /// Embeddings, for a kind of provider that has an embeddings API
+    /// (OpenAI and Azure OpenAI).
+    pub embeddings: Option<EmbeddingService>,
 }
 
 impl ProviderConfig {
@@ -185,6 +192,7 @@ impl ProviderConfig {
                 .map_or(timeouts.idle, Duration::from_millis),
         };
         let missing_key = || ConfigError::new(format!("provider \"{}\": no API key", self.name));
+        let mut embeddings: Option<EmbeddingService> = None;
         let (chat, streaming): (RouteService<ChatResponse>, RouteService<ChatStream>) =
             match self.kind {
                 ProviderKind::Openai => {
@@ -193,6 +201,10 @@ impl ProviderConfig {
                     if let Some(url) = &self.base_url {
                         config = config.with_base_url(url);
                     }
+                    embeddings = Some(BoxCloneSyncService::new(OpenAiEmbeddings::new(
+                        transport.clone(),
+                        config.clone(),
+                    )));
                     let p = OpenAi::new(transport, config).with_metrics(genai.clone());
                     (
                         BoxCloneSyncService::new(p.clone()),
@@ -233,20 +245,22 @@ impl ProviderConfig {
             None => ProviderServices {
                 chat,
                 stream: streaming,
+                embeddings,
             },
             Some(permits) => ProviderServices {
                 chat: shed_when_full(chat, &permits),
                 stream: shed_when_full(streaming, &permits),
+                embeddings: embeddings.map(|svc| shed_when_full(svc, &permits)),
             },
         })
     }
 }
 
 /// `svc` behind a shared semaphore, shedding calls that find it full.
-fn shed_when_full<Res: Send + 'static>(
-    svc: RouteService<Res>,
+fn shed_when_full<Req: Send + 'static, Res: Send + 'static>(
+    svc: BoxCloneSyncService<Req, Res, Failure>,
     permits: &Arc<tokio::sync::Semaphore>,
-) -> RouteService<Res> {
+) -> BoxCloneSyncService<Req, Res, Failure> {
     let svc = ServiceBuilder::new()
         .map_err(|e: BoxError| {
             if e.is::<tower::load_shed::error::Overloaded>() {
