@@ -28,7 +28,8 @@
 //! | [`Bedrock<T>`](Bedrock) | [`BedrockConfig`] (signs with SigV4) | AWS event stream |
 //!
 //! A new provider (Azure OpenAI, Gemini, ...) is a new dialect; the
-//! [`dialect`] module says how to write one, with a toy example.
+//! [`dialect`] module says how to write one, with a toy example. A gateway
+//! serving a wire format to its own clients: [`openai::server`], [`anthropic::server`].
 //!
 //! ```
 //! use tower_llm_providers::{openai, Anthropic, AnthropicConfig, ApiKey, OpenAi, OpenAiConfig};

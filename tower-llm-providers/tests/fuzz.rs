@@ -353,3 +353,80 @@ fn deep_nesting_is_refused_without_overflowing_the_stack() {
         assert!(openai::server::decode_request(object.as_bytes()).is_err());
     }
 }
+
+// ---------------------------------------------------------------------
+// Anthropic's server side: `anthropic::server::decode_request` reads a
+// client's request body, so it gets the same treatment as the decoders
+// of provider answers.
+
+const ANTHROPIC_REQUEST_FIXTURES: &[&str] = &["anthropic_request_tool_use.json"];
+
+/// The request fixture with one node (of its first 128) replaced by a
+/// random value.
+fn reshaped_anthropic_request() -> impl Strategy<Value = Vec<u8>> {
+    (
+        prop::sample::select(ANTHROPIC_REQUEST_FIXTURES),
+        any::<prop::sample::Index>(),
+        json_value(),
+    )
+        .prop_map(|(name, at, new)| {
+            let mut value: Value = serde_json::from_slice(&fixture(name)).expect("fixture");
+            let mut index = at.index(128);
+            replace_node(&mut value, &mut index, &new);
+            serde_json::to_vec(&value).expect("json")
+        })
+}
+
+/// Run as one test holding the lock throughout, its cases generated
+/// inside it: generating a case allocates (a reshaped fixture holds a
+/// 70 KB string), and a case generated while another test measures would
+/// count against that test's bound.
+#[test]
+fn anthropic_requests_never_panic_and_stay_linear() {
+    let _one = serial();
+    let requests = prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..2048),
+        damaged(ANTHROPIC_REQUEST_FIXTURES),
+        reshaped_anthropic_request(),
+    ];
+    let mut runner = proptest::test_runner::TestRunner::new(config());
+    let result = runner.run(&requests, |body| {
+        let refused = bounded(body.len(), 64, || {
+            anthropic::server::decode_request(&body).err()
+        });
+        if let Some(f) = refused {
+            // Refusals are the client's bad request, their message bounded.
+            prop_assert!(f.is_bad_request());
+            prop_assert!(
+                f.message()
+                    .is_some_and(|m| m.len() <= tower_llm_providers::MAX_MESSAGE + 3)
+            );
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn deep_anthropic_requests_are_refused_without_overflowing_the_stack() {
+    let _one = serial();
+    for depth in [200, 10_000, 100_000] {
+        // Nested in a tool's input, in a tool result's content, and bare.
+        let input = format!("{}1{}", "{\"a\":".repeat(depth), "}".repeat(depth));
+        let tool_use = format!(
+            r#"{{"model": "m", "max_tokens": 1, "messages": [{{"role": "assistant",
+            "content": [{{"type": "tool_use", "id": "t", "name": "f", "input": {input}}}]}}]}}"#
+        );
+        let content = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let tool_result = format!(
+            r#"{{"model": "m", "max_tokens": 1, "messages": [{{"role": "user",
+            "content": [{{"type": "tool_result", "tool_use_id": "t", "content": {content}}}]}}]}}"#
+        );
+        for body in [tool_use, tool_result, content] {
+            let f = anthropic::server::decode_request(body.as_bytes()).expect_err("too deep");
+            assert!(f.is_bad_request());
+        }
+    }
+}

@@ -1,5 +1,7 @@
 //! Anthropic Messages: the Anthropic [`Dialect`] and the [`Anthropic`]
-//! service.
+//! service; and the server side of the wire format ([`server`]).
+
+pub mod server;
 
 use std::sync::Arc;
 use std::time::Duration;
