@@ -111,9 +111,9 @@ impl Policy {
             .with_key_fn(self.breaker_key_fn(&r.chain));
         let mut links = Vec::with_capacity(r.chain.len());
         for link in &r.chain {
-            let config = self
-                .provider(&link.provider)
-                .ok_or_else(|| ConfigError::new(format!("unknown provider \"{}\"", link.provider)))?;
+            let config = self.provider(&link.provider).ok_or_else(|| {
+                ConfigError::new(format!("unknown provider \"{}\"", link.provider))
+            })?;
             let Some(svc) = provider(config, link) else {
                 return Ok(None);
             };

@@ -95,9 +95,9 @@ Environment:
                                  circuits are read-only.
   Each provider's key is read from the variable its `api_key_env` names.
 
-Endpoints: POST /v1/chat/completions, GET /v1/models, GET /v1/models/{id},
-GET /metrics, GET /health, GET /health/circuits, GET /health/providers,
-GET /status.";
+Endpoints: POST /v1/chat/completions, POST /v1/messages (Anthropic),
+POST /v1/embeddings, GET /v1/models, GET /v1/models/{id}, GET /metrics,
+GET /health, GET /health/circuits, GET /health/providers, GET /status.";
 
 /// `--workers`: a whole number of at least 1 (clap names the flag and the
 /// value in its error).

@@ -10,8 +10,8 @@ use std::time::Duration;
 use tower::util::BoxCloneSyncService;
 use tower_llm::breaker::BreakerLayer;
 use tower_llm::config::{
-    BuildContext, ConfigError, HedgeBudgets, LinkConfig, Policy, Pools, ProviderConfig,
-    ProviderServices, RouteAnswer, RouteConfig, RouteService, TenantHeader,
+    BuildContext, ConfigError, EmbeddingService, HedgeBudgets, LinkConfig, Policy, Pools,
+    ProviderConfig, ProviderServices, RouteAnswer, RouteConfig, RouteService, TenantHeader,
 };
 use tower_llm::cost::{CostAnswer, QuotaStore};
 use tower_llm::idempotency::{IdempotencyLayer, IdempotentAnswer};
@@ -39,6 +39,9 @@ pub(crate) struct Routes {
     pub(crate) settings: GatewaySettings,
     pub(crate) unary: HashMap<String, RouteService<ChatResponse>>,
     pub(crate) stream: HashMap<String, RouteService<ChatStream>>,
+    /// The routes that serve embeddings (every link's provider has an
+    /// embeddings API).
+    pub(crate) embeddings: HashMap<String, EmbeddingService>,
     /// What the handler needs to know of each route.
     pub(crate) info: HashMap<String, Arc<RouteInfo>>,
 }
@@ -132,6 +135,7 @@ pub(crate) fn build(
     };
     let mut unary = HashMap::new();
     let mut stream = HashMap::new();
+    let mut embeddings = HashMap::new();
     let mut info = HashMap::new();
     for route in &policy.routes {
         let with = BuildContext {
@@ -146,6 +150,13 @@ pub(crate) fn build(
         let s = route_stack(policy, route, with, &find, |s| s.stream)?;
         unary.insert(route.model.clone(), u);
         stream.insert(route.model.clone(), s);
+        if let Some(e) =
+            policy.build_embedding_route(route, breaker, metrics.clone(), |p, link| {
+                find(p, link).and_then(|s| s.embeddings)
+            })?
+        {
+            embeddings.insert(route.model.clone(), e);
+        }
         let resolved = policy.resolve(route)?;
         let verify = resolved
             .chain
@@ -167,6 +178,7 @@ pub(crate) fn build(
         settings: settings.clone(),
         unary,
         stream,
+        embeddings,
         info,
     })
 }

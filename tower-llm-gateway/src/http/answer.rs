@@ -3,27 +3,25 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::OwnedSemaphorePermit;
-use tower_llm::providers::openai::server::{
-    encode_error, failure_response as openai_failure_response,
-};
+use tower_llm::providers::openai::server::encode_error;
 use tower_llm::{AttemptOutcome, AttemptRecord, Failure};
 
+use super::inbound::Inbound;
 use crate::routes::RouteInfo;
 
-/// An OpenAI-shaped error answer.
+/// An OpenAI-shaped error answer (for the operational endpoints).
 pub(super) fn error(status: StatusCode, message: &str, kind: &str, code: Option<&str>) -> Response {
     (status, axum::Json(encode_error(message, kind, code))).into_response()
 }
 
-/// How a failed call is answered: the library's mapping
-/// ([`failure_response`](tower_llm::providers::openai::server::failure_response)),
-/// plus `x-llm-attempts`.
-pub(super) fn failure_response(f: &Failure) -> Response {
-    let mut res = openai_failure_response(f).map(Body::new);
+/// How a failed call is answered: the library's mapping for the client's
+/// format ([`failure_response`](tower_llm::providers::openai::server::failure_response)
+/// or Anthropic's), plus `x-llm-attempts` and `x-llm-cost`.
+pub(super) fn failure_response(inbound: Inbound, f: &Failure) -> Response {
+    let mut res = inbound.failure(f);
     insert_attempts(res.headers_mut(), f.attempts(), None, None);
     insert_cost(res.headers_mut(), f.attempts());
     res
@@ -127,8 +125,8 @@ pub(super) struct Held {
 }
 
 /// 503 with `Retry-After: 1`: a gateway-wide limit is reached.
-pub(super) fn overloaded(what: &str) -> Response {
-    let mut res = error(
+pub(super) fn overloaded(inbound: Inbound, what: &str) -> Response {
+    let mut res = inbound.error(
         StatusCode::SERVICE_UNAVAILABLE,
         &format!("the gateway is at its limit of {what}; retry shortly"),
         "service_unavailable",
@@ -166,10 +164,9 @@ impl<B: http_body::Body + Unpin> http_body::Body for Holding<B> {
     }
 }
 
-/// 404 in OpenAI's error shape (`model_not_found`): no route is named
-/// `alias`.
-pub(super) fn unknown_route(alias: &str) -> Response {
-    error(
+/// 404 (`model_not_found`): no route is named `alias`.
+pub(super) fn unknown_route(inbound: Inbound, alias: &str) -> Response {
+    inbound.error(
         StatusCode::NOT_FOUND,
         &format!("no route for model \"{alias}\""),
         "invalid_request_error",
@@ -180,9 +177,9 @@ pub(super) fn unknown_route(alias: &str) -> Response {
 /// The largest request body accepted (1 MiB): larger ones get 413.
 pub const MAX_REQUEST_BODY: usize = 1024 * 1024;
 
-/// 413 in OpenAI's error shape.
-pub(super) fn too_large() -> Response {
-    error(
+/// 413.
+pub(super) fn too_large(inbound: Inbound) -> Response {
+    inbound.error(
         StatusCode::PAYLOAD_TOO_LARGE,
         &format!("request body over {MAX_REQUEST_BODY} bytes"),
         "invalid_request_error",

@@ -1,5 +1,6 @@
-//! `POST /v1/chat/completions`: reading the body, admitting the call,
-//! running the route's stack, answering.
+//! `POST /v1/chat/completions` and `POST /v1/messages`: reading the body,
+//! admitting the call, running the route's stack, answering in the
+//! client's format.
 
 use std::sync::Arc;
 
@@ -12,7 +13,6 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tower::ServiceExt;
-use tower_llm::providers::openai::server::{decode_request, wants_usage, write_response};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -20,9 +20,10 @@ use crate::Gateway;
 use crate::server::Connection;
 
 use super::answer::{
-    Held, Holding, MAX_REQUEST_BODY, error, failure_response, insert_answer_flags, insert_attempts,
-    insert_cost, now_unix, overloaded, too_large, unknown_route,
+    Held, Holding, MAX_REQUEST_BODY, failure_response, insert_answer_flags, insert_attempts,
+    insert_cost, overloaded, too_large, unknown_route,
 };
+use super::inbound::Inbound;
 use super::sse::sse;
 
 /// The W3C trace context of an inbound request, if it carries one.
@@ -46,9 +47,10 @@ fn inbound_context(headers: &HeaderMap) -> Option<opentelemetry::Context> {
 /// 1 MiB cap (413) and the gateway-wide `server.max_body_bytes_in_flight`
 /// (503): each chunk takes its bytes from that budget as it arrives, so a
 /// client trickling a body holds only what it has sent.
-async fn read_body(
+pub(super) async fn read_body(
     gw: &Gateway,
     body: Body,
+    inbound: Inbound,
 ) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Response> {
     use http_body_util::BodyExt as _;
     let mut held: Option<OwnedSemaphorePermit> = None;
@@ -59,9 +61,9 @@ async fn read_body(
         while let Some(frame) = body.frame().await {
             let frame = match frame {
                 Ok(frame) => frame,
-                Err(e) if is_length_limit(&e) => return Err(too_large()),
+                Err(e) if is_length_limit(&e) => return Err(too_large(inbound)),
                 Err(_) => {
-                    return Err(error(
+                    return Err(inbound.error(
                         StatusCode::BAD_REQUEST,
                         "the request body could not be read",
                         "invalid_request_error",
@@ -74,11 +76,11 @@ async fn read_body(
             };
             len += data.len();
             if len > MAX_REQUEST_BODY {
-                return Err(too_large());
+                return Err(too_large(inbound));
             }
             let n = u32::try_from(data.len()).unwrap_or(u32::MAX);
             let Ok(bytes) = gw.body_bytes.clone().try_acquire_many_owned(n) else {
-                return Err(overloaded("request bytes in flight"));
+                return Err(overloaded(inbound, "request bytes in flight"));
             };
             match &mut held {
                 Some(h) => h.merge(bytes),
@@ -92,7 +94,7 @@ async fn read_body(
         Ok(Ok(())) => {}
         Ok(Err(res)) => return Err(res),
         Err(_) => {
-            return Err(error(
+            return Err(inbound.error(
                 StatusCode::REQUEST_TIMEOUT,
                 "the request body did not arrive in time",
                 "invalid_request_error",
@@ -113,34 +115,55 @@ async fn read_body(
     Ok((body, held))
 }
 
-/// `POST /v1/chat/completions`.
+/// `POST /v1/chat/completions`: OpenAI's Chat Completions.
+pub(super) async fn chat(
+    State(gw): State<Arc<Gateway>>,
+    conn: Option<axum::Extension<Connection>>,
+    req: axum::extract::Request,
+) -> Response {
+    serve(gw, conn, req, Inbound::OpenAi).await
+}
+
+/// `POST /v1/messages`: Anthropic's Messages, routed like chat (the
+/// `model` names a route), answered in Anthropic's format whatever
+/// upstream served.
+pub(super) async fn messages(
+    State(gw): State<Arc<Gateway>>,
+    conn: Option<axum::Extension<Connection>>,
+    req: axum::extract::Request,
+) -> Response {
+    serve(gw, conn, req, Inbound::Anthropic).await
+}
+
+/// A chat call in the client's format (`inbound`).
 ///
 /// The body is read within `server.body_read_timeout_ms` (408), the 1 MiB
 /// cap (413) and the gateway-wide byte budget (503); the call then takes
 /// one of `server.max_in_flight` slots (none free: 503) and holds it, with
 /// its body's bytes, until its answer has been sent. No copy of the body is
 /// kept once it is decoded.
-pub(super) async fn chat(
-    State(gw): State<Arc<Gateway>>,
+async fn serve(
+    gw: Arc<Gateway>,
     conn: Option<axum::Extension<Connection>>,
     req: axum::extract::Request,
+    inbound: Inbound,
 ) -> Response {
     let (parts, body) = req.into_parts();
-    let (body, body_bytes) = match read_body(&gw, body).await {
+    let (body, body_bytes) = match read_body(&gw, body, inbound).await {
         Ok(read) => read,
         Err(res) => return res,
     };
     let Ok(slot) = gw.in_flight.clone().try_acquire_owned() else {
-        return overloaded("calls in flight");
+        return overloaded(inbound, "calls in flight");
     };
     let held = Held {
         _slot: slot,
         _body: body_bytes,
     };
-    let req = match decode_request(&body) {
-        Ok(req) => req,
+    let (req, include_usage) = match inbound.decode(&body) {
+        Ok(read) => read,
         Err(f) => {
-            return error(
+            return inbound.error(
                 StatusCode::BAD_REQUEST,
                 f.message().unwrap_or("invalid request"),
                 "invalid_request_error",
@@ -156,7 +179,7 @@ pub(super) async fn chat(
     if routes.policy.idempotency.is_some() {
         if let Some(value) = parts.headers.get("idempotency-key") {
             let Ok(key) = value.to_str() else {
-                return error(
+                return inbound.error(
                     StatusCode::BAD_REQUEST,
                     "the Idempotency-Key header is not printable ASCII",
                     "invalid_request_error",
@@ -171,10 +194,9 @@ pub(super) async fn chat(
     // not copied.
     req.extensions
         .insert(tower_llm::config::InboundHeaders(parts.headers));
-    let include_usage = req.stream && wants_usage(&body);
     drop(body);
     let Some(info) = routes.info.get(&*req.model).cloned() else {
-        return unknown_route(&req.model);
+        return unknown_route(inbound, &req.model);
     };
     // A tenant id is counted (and kept) by the quota store: bounded.
     if routes.policy.quotas.is_some()
@@ -184,7 +206,7 @@ pub(super) async fn chat(
             .and_then(|h| h.0.get(tower_llm::config::TENANT_HEADER))
             .is_some_and(|v| v.len() > MAX_TENANT_BYTES)
     {
-        return error(
+        return inbound.error(
             StatusCode::BAD_REQUEST,
             "the x-tenant-id header is longer than 256 bytes",
             "invalid_request_error",
@@ -207,7 +229,7 @@ pub(super) async fn chat(
                 tower_llm::Budget::new(limit).store(&mut req);
             }
             Some(_) => {
-                return error(
+                return inbound.error(
                     StatusCode::BAD_REQUEST,
                     "this route cannot hold a call to a budget: not every link it may call is priced ([prices]), or it has no max_output_tokens",
                     "invalid_request_error",
@@ -215,7 +237,7 @@ pub(super) async fn chat(
                 );
             }
             None => {
-                return error(
+                return inbound.error(
                     StatusCode::BAD_REQUEST,
                     "the x-llm-max-cost header is not an amount of dollars (like 0.05)",
                     "invalid_request_error",
@@ -243,7 +265,7 @@ pub(super) async fn chat(
     };
     if req.stream {
         let Some(svc) = routes.stream.get(&*req.model).cloned() else {
-            return unknown_route(&req.model);
+            return unknown_route(inbound, &req.model);
         };
         drop(routes);
         let result = svc.oneshot(req).instrument(span).await;
@@ -256,17 +278,18 @@ pub(super) async fn chat(
         match result {
             Ok(stream) => sse(
                 stream,
+                inbound,
                 include_usage,
                 deadline,
                 conn.map(|c| c.0),
                 held,
                 &info,
             ),
-            Err(f) => failure_response(&f),
+            Err(f) => failure_response(inbound, &f),
         }
     } else {
         let Some(svc) = routes.unary.get(&*req.model).cloned() else {
-            return unknown_route(&req.model);
+            return unknown_route(inbound, &req.model);
         };
         drop(routes);
         let result = svc.oneshot(req).instrument(span).await;
@@ -277,7 +300,7 @@ pub(super) async fn chat(
         }
         match result {
             Ok(res) => {
-                let json = write_response(&res, &res.model, now_unix());
+                let json = inbound.write(&res, &res.model);
                 let mut out = Response::new(Body::new(Holding {
                     body: http_body_util::Full::new(Bytes::from(json)),
                     _held: held,
@@ -297,7 +320,7 @@ pub(super) async fn chat(
                 }
                 out
             }
-            Err(f) => failure_response(&f),
+            Err(f) => failure_response(inbound, &f),
         }
     }
 }

@@ -3,6 +3,8 @@
 
 mod answer;
 mod chat;
+mod embeddings;
+mod inbound;
 mod ops;
 mod sse;
 
@@ -10,7 +12,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
-use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -25,7 +26,9 @@ use crate::Gateway;
 
 pub use self::answer::MAX_REQUEST_BODY;
 use self::answer::{error, too_large};
-use self::chat::chat;
+use self::chat::{chat, messages};
+use self::embeddings::embeddings;
+use self::inbound::Inbound;
 use self::ops::{circuits, metrics, model, models, providers};
 
 impl Gateway {
@@ -34,6 +37,8 @@ impl Gateway {
     pub fn router(self: Arc<Self>) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(chat))
+            .route("/v1/messages", post(messages))
+            .route("/v1/embeddings", post(embeddings))
             .route("/v1/models", get(models))
             .route("/v1/models/{*id}", get(model))
             .route("/metrics", get(metrics))
@@ -67,7 +72,7 @@ impl Gateway {
                             None,
                         )
                     }))
-                    .map_response(openai_413)
+                    .layer(axum::middleware::from_fn(shape_413))
                     .layer(RequestBodyLimitLayer::new(MAX_REQUEST_BODY)),
             )
     }
@@ -87,14 +92,13 @@ impl MakeRequestId for Counter {
 }
 
 /// The body limit's 413 (from the layer, or from the handler's body
-/// reader for a chunked body) in OpenAI's error shape.
-fn openai_413<B>(res: http::Response<B>) -> Response
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<axum::BoxError>,
-{
+/// reader for a chunked body) in the error shape of the API the path
+/// speaks (Anthropic's for `/v1/messages`, else OpenAI's).
+async fn shape_413(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let inbound = Inbound::of_path(req.uri().path());
+    let res = next.run(req).await;
     if res.status() != StatusCode::PAYLOAD_TOO_LARGE {
-        return res.map(Body::new);
+        return res;
     }
-    too_large()
+    too_large(inbound)
 }

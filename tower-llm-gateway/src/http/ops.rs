@@ -58,7 +58,7 @@ pub(super) async fn model(
     if routes.policy.routes.iter().any(|r| r.model == id) {
         axum::Json(model_object(&id)).into_response()
     } else {
-        unknown_route(&id)
+        unknown_route(super::inbound::Inbound::OpenAi, &id)
     }
 }
 

@@ -9,13 +9,13 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use tokio::time::Instant;
-use tower_llm::providers::openai::server::{SseFrames, sse_error_event};
 use tower_llm::{ChatStream, Failure};
 
 use crate::routes::RouteInfo;
 use crate::server::Connection;
 
-use super::answer::{Held, insert_answer_flags, insert_attempts, now_unix};
+use super::answer::{Held, insert_answer_flags, insert_attempts};
+use super::inbound::{Frames, Inbound};
 
 /// Stream ids: unique per process.
 static STREAMS: AtomicU64 = AtomicU64::new(0);
@@ -27,9 +27,11 @@ const SSE_BUFFER: usize = 16;
 /// connection is closed.
 const CLOSE_GRACE: Duration = Duration::from_millis(100);
 
-/// A committed stream as OpenAI server-sent events: one `data:` per chunk,
-/// `data: [DONE]` at a clean end, or one `data: {"error": ...}` event for a
-/// failure after the commit point (and no `[DONE]`).
+/// A committed stream as server-sent events in the client's format: for
+/// OpenAI one `data:` per chunk, `data: [DONE]` at a clean end, or one
+/// `data: {"error": ...}` event for a failure after the commit point (and
+/// no `[DONE]`); for Anthropic its `message_start` ... `message_stop`
+/// events, or one `error` event.
 ///
 /// A task moves the frames from the upstream to the client through a
 /// small buffer, so the call's deadline ends the upstream side by itself,
@@ -39,6 +41,7 @@ const CLOSE_GRACE: Duration = Duration::from_millis(100);
 /// within [`CLOSE_GRACE`] has its connection closed.
 pub(super) fn sse(
     stream: ChatStream,
+    inbound: Inbound,
     include_usage: bool,
     deadline: Instant,
     conn: Option<Connection>,
@@ -60,15 +63,11 @@ pub(super) fn sse(
         insert_attempts(headers, stream.attempts(), Some(position), Some(route));
     }
     insert_answer_flags(headers, stream.attempts(), stream.is_idempotent_replay());
-    let id = format!(
-        "chatcmpl-{}-{}",
-        now_unix(),
-        STREAMS.fetch_add(1, Ordering::Relaxed)
-    );
-    let frames = SseFrames::new(stream, include_usage, id, now_unix());
+    let id = inbound.stream_id(STREAMS.fetch_add(1, Ordering::Relaxed));
+    let frames = inbound.frames(stream, include_usage, id);
     let (tx, rx) = tokio::sync::mpsc::channel(SSE_BUFFER);
     let (taken, gone) = tokio::sync::oneshot::channel();
-    tokio::spawn(pump(frames, tx, deadline, conn, gone, held));
+    tokio::spawn(pump(frames, inbound, tx, deadline, conn, gone, held));
     *res.body_mut() = Body::from_stream(Delivered { rx, _taken: taken });
     res
 }
@@ -76,7 +75,8 @@ pub(super) fn sse(
 /// Moves `frames` to the client until they end, the client goes, or the
 /// deadline passes (see [`sse`]).
 async fn pump(
-    mut frames: SseFrames,
+    mut frames: Frames,
+    inbound: Inbound,
     tx: tokio::sync::mpsc::Sender<Bytes>,
     deadline: Instant,
     conn: Option<Connection>,
@@ -111,7 +111,7 @@ async fn pump(
     let failure = Failure::deadline_exceeded().with_message("the call's deadline passed");
     let taken = tokio::time::timeout(CLOSE_GRACE, async {
         // Room for the last event comes only if the client reads.
-        let _ = tx.send(sse_error_event(&failure)).await;
+        let _ = tx.send(inbound.error_event(&failure)).await;
         drop(tx);
         let _ = (&mut gone).await;
     })

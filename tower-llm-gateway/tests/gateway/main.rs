@@ -11,6 +11,7 @@ mod chat;
 mod cost;
 mod examples;
 mod hostile;
+mod inbound;
 mod layers;
 mod models;
 mod named_policies;

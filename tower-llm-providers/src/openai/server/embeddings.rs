@@ -66,7 +66,9 @@ fn bad(message: impl Into<String>) -> Failure {
 ///     .unwrap_err()
 ///     .is_bad_request());
 /// ```
-pub fn decode_embedding_request(body: &[u8]) -> Result<(EmbeddingRequest, EncodingFormat), Failure> {
+pub fn decode_embedding_request(
+    body: &[u8],
+) -> Result<(EmbeddingRequest, EncodingFormat), Failure> {
     let wire: WireRequest =
         serde_json::from_slice(body).map_err(|e| bad(format!("invalid request body: {e}")))?;
     let texts = match wire.input {
