@@ -26,6 +26,7 @@
 //! | [`OpenAi<T>`](OpenAi) | [`OpenAiConfig`] | server-sent events |
 //! | [`Anthropic<T>`](Anthropic) | [`AnthropicConfig`] | server-sent events |
 //! | [`Bedrock<T>`](Bedrock) | [`BedrockConfig`] (signs with SigV4) | AWS event stream |
+//! | [`Gemini<T>`](Gemini) | [`GeminiConfig`] (the Gemini Developer API) | server-sent events |
 //!
 //! A new provider (Azure OpenAI, Gemini, ...) is a new dialect; the
 //! [`dialect`] module says how to write one, with a toy example. A gateway
@@ -74,6 +75,8 @@
 //! | OpenAI | `finish_reason: "content_filter"`, or a `message.refusal` | finish reason `ContentFilter` |
 //! | Anthropic | `stop_reason: "refusal"` | finish reason `ContentFilter` |
 //! | Bedrock | `stopReason: "guardrail_intervened"` or `"content_filtered"` | finish reason `ContentFilter` |
+//! | Gemini | a 200 with `promptFeedback.blockReason` and no candidate | failure `content_filtered` |
+//! | Gemini | `finishReason` `SAFETY`, `RECITATION`, `BLOCKLIST`, `PROHIBITED_CONTENT`, `SPII` or `IMAGE_*` | finish reason `ContentFilter` |
 //!
 //! Streams map the same stop reasons to the same finish reason.
 //!
@@ -122,6 +125,7 @@ pub mod anthropic;
 pub mod bedrock;
 pub mod dialect;
 mod failure;
+pub mod gemini;
 #[cfg(feature = "https")]
 pub mod https;
 #[cfg(feature = "mock")]
@@ -138,6 +142,7 @@ pub use anthropic::{Anthropic, AnthropicConfig};
 pub use bedrock::{AwsCredentials, Bedrock, BedrockConfig};
 pub use dialect::Dialect;
 pub use failure::MAX_MESSAGE;
+pub use gemini::{Gemini, GeminiConfig};
 pub use openai::{OpenAi, OpenAiConfig, OpenAiEmbeddings};
 pub use provider::{Provider, ProviderFuture};
 pub use secret::ApiKey;

@@ -366,12 +366,33 @@ const ANTHROPIC_REQUEST_FIXTURES: &[&str] = &["anthropic_request_tool_use.json"]
 fn reshaped_anthropic_request() -> impl Strategy<Value = Vec<u8>> {
     (
         prop::sample::select(ANTHROPIC_REQUEST_FIXTURES),
+
+// ------------------------------------------------------------------ Gemini
+
+const GEMINI_JSON_FIXTURES: &[&str] = &[
+    "gemini_generate_content.json",
+    "gemini_generate_content_function_call.json",
+    "gemini_prompt_blocked.json",
+    "gemini_error_resource_exhausted_429.json",
+    "gemini_error_resource_exhausted_daily_429.json",
+    "gemini_error_api_key_invalid_400.json",
+    "gemini_error_token_count_400.json",
+];
+
+const GEMINI_SSE_FIXTURES: &[&str] = &["gemini_stream_basic.sse", "gemini_stream_error_midway.sse"];
+
+/// A Gemini JSON fixture with one node replaced by a random value.
+fn gemini_reshaped() -> impl Strategy<Value = Vec<u8>> {
+    (
+        prop::sample::select(GEMINI_JSON_FIXTURES),
         any::<prop::sample::Index>(),
         json_value(),
     )
         .prop_map(|(name, at, new)| {
             let mut value: Value = serde_json::from_slice(&fixture(name)).expect("fixture");
             let mut index = at.index(128);
+
+            let mut index = at.index(64);
             replace_node(&mut value, &mut index, &new);
             serde_json::to_vec(&value).expect("json")
         })
@@ -402,6 +423,69 @@ fn anthropic_requests_never_panic_and_stay_linear() {
                     .is_some_and(|m| m.len() <= tower_llm_providers::MAX_MESSAGE + 3)
             );
         }
+
+/// As [`bounded`], for a closure that can run again: when a run goes over
+/// the bound it is run again (up to three times) and the fewest bytes
+/// count. The other tests generate their inputs outside the serial lock,
+/// and an allocation of theirs that lands in a measured run is not ours;
+/// an allocation of the code measured is there every time.
+fn bounded_again<T>(input: usize, per_byte: usize, f: impl Fn() -> T) -> T {
+    let bound = per_byte * input + (256 << 10);
+    let mut least = usize::MAX;
+    let mut runs = 0;
+    loop {
+        let region = Region::new(GLOBAL);
+        let out = f();
+        least = least.min(region.change().bytes_allocated);
+        runs += 1;
+        if least <= bound || runs == 3 {
+            assert!(
+                least <= bound,
+                "{least} bytes allocated (at least, in {runs} runs) for a {input}-byte input (bound {bound})"
+            );
+            return out;
+        }
+    }
+}
+
+/// Gemini's unary and error decoders on arbitrary bytes, damaged fixtures
+/// and reshaped ones: no panic, allocation linear in the input, messages
+/// bounded. The whole run holds the serial lock (its inputs are made
+/// under it too: a 70,000-byte string made while another test measures
+/// would count against that test).
+#[test]
+fn gemini_json_never_panics_and_stays_linear() {
+    let _one = serial();
+    let strategy = (
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..2048),
+            damaged(GEMINI_JSON_FIXTURES),
+            gemini_reshaped(),
+        ],
+        100u16..1000,
+        header_value(),
+    );
+    let mut runner = proptest::test_runner::TestRunner::new(config());
+    let result = runner.run(&strategy, |(body, status, retry_after)| {
+        let mut headers = HeaderMap::new();
+        if let Ok(v) = HeaderValue::from_bytes(&retry_after) {
+            headers.insert("retry-after", v);
+        }
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+        bounded_again(body.len(), 64, || {
+            let _ = tower_llm_providers::gemini::decode(&body, "m", Duration::ZERO);
+        });
+        let f = bounded_again(body.len(), 64, || {
+            tower_llm_providers::gemini::decode_error(status, &headers, &body)
+        });
+        prop_assert!(
+            f.message()
+                .is_none_or(|m| m.len() <= tower_llm_providers::MAX_MESSAGE + 3)
+        );
+        prop_assert!(
+            f.retry_after()
+                .is_none_or(|d| d <= Duration::from_secs(u64::from(u32::MAX)))
+        );
         Ok(())
     });
     if let Err(e) = result {
@@ -428,5 +512,83 @@ fn deep_anthropic_requests_are_refused_without_overflowing_the_stack() {
             let f = anthropic::server::decode_request(body.as_bytes()).expect_err("too deep");
             assert!(f.is_bad_request());
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Gemini's stream decoder (a `Wire` over server-sent events), fed
+    /// damaged recordings and garbage in pieces of any size.
+    #[test]
+    fn gemini_sse_in_any_pieces_never_panics(
+        bytes in prop_oneof![prop::collection::vec(any::<u8>(), 0..4096), damaged(GEMINI_SSE_FIXTURES)],
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+    ) {
+        use tower_llm_providers::dialect::{Dialect, Wire};
+        let _one = serial();
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
+        cuts.push(0);
+        cuts.push(bytes.len());
+        cuts.sort_unstable();
+        let config = tower_llm_providers::GeminiConfig::new(tower_llm_providers::ApiKey::new("AIza-fuzz-key"));
+        bounded(bytes.len(), 1024, || {
+            let mut wire = config.wire();
+            let mut out = std::collections::VecDeque::new();
+            for w in cuts.windows(2) {
+                wire.feed(&bytes[w[0]..w[1]], &mut out);
+            }
+            let _ = wire.ended_cleanly();
+            out.len()
+        });
+    }
+}
+
+/// Every prefix of the recorded streams through the streaming service:
+/// complete only when the last event (which holds the finish reason) is
+/// whole; an error event never completes; no prefix panics.
+#[test]
+fn gemini_streams_cut_anywhere_complete_only_whole() {
+    let _one = serial();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    for name in GEMINI_SSE_FIXTURES {
+        let bytes = fixture(name);
+        for cut in 0..=bytes.len() {
+            let complete = rt.block_on(async {
+                let steps = vec![Step::Send(bytes::Bytes::copy_from_slice(&bytes[..cut]))];
+                let provider = tower_llm_providers::Gemini::new(
+                    ScriptedTransport::new(Reply::sse_steps(steps)),
+                    tower_llm_providers::GeminiConfig::new(tower_llm_providers::ApiKey::new("k")),
+                );
+                let req = ChatRequest::new("m", vec![Message::user("hi")]);
+                match provider.streaming().oneshot(req).await {
+                    Ok(stream) => stream.collect_response().await.is_ok(),
+                    Err(_) => false,
+                }
+            });
+            // The body ends `}\r\n\r\n`: its last `\r` alone ends the blank line.
+            let whole = *name == "gemini_stream_basic.sse" && cut + 1 >= bytes.len();
+            assert_eq!(complete, whole, "{name} cut at {cut} of {}", bytes.len());
+        }
+    }
+}
+
+#[test]
+fn gemini_deep_nesting_is_refused_without_overflowing_the_stack() {
+    let _one = serial();
+    for depth in [200, 10_000, 100_000] {
+        let body = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        assert!(tower_llm_providers::gemini::decode(body.as_bytes(), "m", Duration::ZERO).is_err());
+        let object = format!("{}1{}", "{\"error\":".repeat(depth), "}".repeat(depth));
+        let f = tower_llm_providers::gemini::decode_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &HeaderMap::new(),
+            object.as_bytes(),
+        );
+        assert!(f.is_transient());
     }
 }

@@ -238,6 +238,43 @@ impl Reply {
         )
     }
 
+    /// A Gemini `generateContent` answer with `text` (finish reason
+    /// `STOP`, 10 prompt and 5 candidate tokens, model `mock-model`).
+    pub fn gemini_text(text: &str) -> Self {
+        let body = serde_json::json!({
+            "candidates": [{"content": {"role": "model", "parts": [{"text": text}]},
+                            "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15},
+            "modelVersion": "mock-model", "responseId": "mock-response"
+        });
+        Reply::json(200, body.to_string())
+    }
+
+    /// A complete Gemini `streamGenerateContent?alt=sse` stream: one event
+    /// per piece of `pieces`, then one with finish reason `STOP` and the
+    /// usage (Gemini sends no terminator: the body ends).
+    pub fn gemini_stream(pieces: &[&str]) -> Self {
+        let event = |text: &str, last: bool| {
+            let mut candidate = serde_json::json!({
+                "content": {"role": "model", "parts": [{"text": text}]}, "index": 0
+            });
+            let mut e =
+                serde_json::json!({"modelVersion": "mock-model", "responseId": "mock-response"});
+            if last {
+                candidate["finishReason"] = "STOP".into();
+                e["usageMetadata"] = serde_json::json!({
+                    "promptTokenCount": 10, "candidatesTokenCount": pieces.len(),
+                    "totalTokenCount": 10 + pieces.len()
+                });
+            }
+            e["candidates"] = serde_json::json!([candidate]);
+            Step::sse(None, &e.to_string())
+        };
+        let mut steps: Vec<Step> = pieces.iter().map(|p| event(p, false)).collect();
+        steps.push(event("", true));
+        Reply::sse_steps(steps)
+    }
+
     /// Malformed JSON with status 200.
     pub fn malformed() -> Self {
         Reply::json(200, "{\"id\": \"x\", \"choices\": [")
