@@ -366,33 +366,12 @@ const ANTHROPIC_REQUEST_FIXTURES: &[&str] = &["anthropic_request_tool_use.json"]
 fn reshaped_anthropic_request() -> impl Strategy<Value = Vec<u8>> {
     (
         prop::sample::select(ANTHROPIC_REQUEST_FIXTURES),
-
-// ------------------------------------------------------------------ Gemini
-
-const GEMINI_JSON_FIXTURES: &[&str] = &[
-    "gemini_generate_content.json",
-    "gemini_generate_content_function_call.json",
-    "gemini_prompt_blocked.json",
-    "gemini_error_resource_exhausted_429.json",
-    "gemini_error_resource_exhausted_daily_429.json",
-    "gemini_error_api_key_invalid_400.json",
-    "gemini_error_token_count_400.json",
-];
-
-const GEMINI_SSE_FIXTURES: &[&str] = &["gemini_stream_basic.sse", "gemini_stream_error_midway.sse"];
-
-/// A Gemini JSON fixture with one node replaced by a random value.
-fn gemini_reshaped() -> impl Strategy<Value = Vec<u8>> {
-    (
-        prop::sample::select(GEMINI_JSON_FIXTURES),
         any::<prop::sample::Index>(),
         json_value(),
     )
         .prop_map(|(name, at, new)| {
             let mut value: Value = serde_json::from_slice(&fixture(name)).expect("fixture");
             let mut index = at.index(128);
-
-            let mut index = at.index(64);
             replace_node(&mut value, &mut index, &new);
             serde_json::to_vec(&value).expect("json")
         })
@@ -423,6 +402,63 @@ fn anthropic_requests_never_panic_and_stay_linear() {
                     .is_some_and(|m| m.len() <= tower_llm_providers::MAX_MESSAGE + 3)
             );
         }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn deep_anthropic_requests_are_refused_without_overflowing_the_stack() {
+    let _one = serial();
+    for depth in [200, 10_000, 100_000] {
+        // Nested in a tool's input, in a tool result's content, and bare.
+        let input = format!("{}1{}", "{\"a\":".repeat(depth), "}".repeat(depth));
+        let tool_use = format!(
+            r#"{{"model": "m", "max_tokens": 1, "messages": [{{"role": "assistant",
+            "content": [{{"type": "tool_use", "id": "t", "name": "f", "input": {input}}}]}}]}}"#
+        );
+        let content = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let tool_result = format!(
+            r#"{{"model": "m", "max_tokens": 1, "messages": [{{"role": "user",
+            "content": [{{"type": "tool_result", "tool_use_id": "t", "content": {content}}}]}}]}}"#
+        );
+        for body in [tool_use, tool_result, content] {
+            let f = anthropic::server::decode_request(body.as_bytes()).expect_err("too deep");
+            assert!(f.is_bad_request());
+        }
+    }
+}
+
+// ------------------------------------------------------------------ Gemini
+
+const GEMINI_JSON_FIXTURES: &[&str] = &[
+    "gemini_generate_content.json",
+    "gemini_generate_content_function_call.json",
+    "gemini_prompt_blocked.json",
+    "gemini_error_resource_exhausted_429.json",
+    "gemini_error_resource_exhausted_daily_429.json",
+    "gemini_error_api_key_invalid_400.json",
+    "gemini_error_token_count_400.json",
+];
+
+const GEMINI_SSE_FIXTURES: &[&str] = &["gemini_stream_basic.sse", "gemini_stream_error_midway.sse"];
+
+/// A Gemini JSON fixture with one node replaced by a random value.
+fn gemini_reshaped() -> impl Strategy<Value = Vec<u8>> {
+    (
+        prop::sample::select(GEMINI_JSON_FIXTURES),
+        any::<prop::sample::Index>(),
+        json_value(),
+    )
+        .prop_map(|(name, at, new)| {
+            let mut value: Value = serde_json::from_slice(&fixture(name)).expect("fixture");
+            let mut index = at.index(64);
+            replace_node(&mut value, &mut index, &new);
+            serde_json::to_vec(&value).expect("json")
+        })
+}
 
 /// As [`bounded`], for a closure that can run again: when a run goes over
 /// the bound it is run again (up to three times) and the fewest bytes
@@ -490,28 +526,6 @@ fn gemini_json_never_panics_and_stays_linear() {
     });
     if let Err(e) = result {
         panic!("{e}");
-    }
-}
-
-#[test]
-fn deep_anthropic_requests_are_refused_without_overflowing_the_stack() {
-    let _one = serial();
-    for depth in [200, 10_000, 100_000] {
-        // Nested in a tool's input, in a tool result's content, and bare.
-        let input = format!("{}1{}", "{\"a\":".repeat(depth), "}".repeat(depth));
-        let tool_use = format!(
-            r#"{{"model": "m", "max_tokens": 1, "messages": [{{"role": "assistant",
-            "content": [{{"type": "tool_use", "id": "t", "name": "f", "input": {input}}}]}}]}}"#
-        );
-        let content = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
-        let tool_result = format!(
-            r#"{{"model": "m", "max_tokens": 1, "messages": [{{"role": "user",
-            "content": [{{"type": "tool_result", "tool_use_id": "t", "content": {content}}}]}}]}}"#
-        );
-        for body in [tool_use, tool_result, content] {
-            let f = anthropic::server::decode_request(body.as_bytes()).expect_err("too deep");
-            assert!(f.is_bad_request());
-        }
     }
 }
 
