@@ -26,6 +26,7 @@
 //! | [`OpenAi<T>`](OpenAi) | [`OpenAiConfig`] | server-sent events |
 //! | [`Anthropic<T>`](Anthropic) | [`AnthropicConfig`] | server-sent events |
 //! | [`Bedrock<T>`](Bedrock) | [`BedrockConfig`] (signs with SigV4) | AWS event stream |
+//! | [`AzureOpenAi<T>`](AzureOpenAi) | [`AzureOpenAiConfig`] (a deployment per model) | server-sent events |
 //!
 //! A new provider (Azure OpenAI, Gemini, ...) is a new dialect; the
 //! [`dialect`] module says how to write one, with a toy example.
@@ -91,6 +92,8 @@
 //!
 //! OpenAI embeddings are [`OpenAiEmbeddings`] (`EmbeddingRequest` →
 //! `EmbeddingResponse`, the same layers apply), with the same settings.
+//! Azure OpenAI's are [`AzureOpenAiEmbeddings`]; both are [`Embeddings`]
+//! over an [`EmbeddingDialect`].
 //!
 //! # Streaming
 //!
@@ -118,6 +121,7 @@
 //!   faults). Off by default.
 
 pub mod anthropic;
+pub mod azure;
 pub mod bedrock;
 pub mod dialect;
 mod failure;
@@ -134,10 +138,13 @@ mod transport;
 mod wire;
 
 pub use anthropic::{Anthropic, AnthropicConfig};
+pub use azure::{AZURE_API_VERSION, AzureOpenAi, AzureOpenAiConfig, AzureOpenAiEmbeddings};
 pub use bedrock::{AwsCredentials, Bedrock, BedrockConfig};
 pub use dialect::Dialect;
 pub use failure::MAX_MESSAGE;
-pub use openai::{OpenAi, OpenAiConfig, OpenAiEmbeddings};
+pub use openai::{
+    EmbeddingDialect, Embeddings, EmbeddingsFuture, OpenAi, OpenAiConfig, OpenAiEmbeddings,
+};
 pub use provider::{Provider, ProviderFuture};
 pub use secret::ApiKey;
 pub use streaming::{StreamFuture, StreamSource, StreamTimeouts, Streaming};
