@@ -353,3 +353,161 @@ fn deep_nesting_is_refused_without_overflowing_the_stack() {
         assert!(openai::server::decode_request(object.as_bytes()).is_err());
     }
 }
+
+// Azure OpenAI: its decoders (chat answers, error answers, embeddings and
+// stream events, reached through the dialect's public methods) under the
+// same properties as the others: no panic, allocations linear in the
+// input, messages bounded.
+//
+// The allocation counter is global, and the `proptest!` tests above build
+// each input before taking the lock. So that these tests neither disturb
+// those counts nor are disturbed by them, each runs its whole proptest
+// run (inputs built included) under the lock, and measures each decode
+// twice, keeping the smaller count (a decode is deterministic: only
+// another thread's allocations can make the two counts differ).
+
+const AZURE_JSON_FIXTURES: &[&str] = &[
+    "azure_chat_completion.json",
+    "azure_error_content_filter_400.json",
+    "azure_error_rate_limit_429.json",
+    "azure_embeddings.json",
+];
+
+const AZURE_SSE_FIXTURES: &[&str] = &["azure_stream_basic.sse", "azure_stream_content_filter.sse"];
+
+fn azure() -> tower_llm_providers::AzureOpenAiConfig {
+    tower_llm_providers::AzureOpenAiConfig::new(
+        tower_llm_providers::ApiKey::new("azure-fuzz-key"),
+        "https://fuzz.openai.azure.com",
+    )
+}
+
+/// Like [`bounded`], counting the smaller of two runs of `f`.
+fn bounded_twice<T>(input: usize, per_byte: usize, mut f: impl FnMut() -> T) -> T {
+    let region = Region::new(GLOBAL);
+    let _ = f();
+    let first = region.change().bytes_allocated;
+    let region = Region::new(GLOBAL);
+    let out = f();
+    let allocated = first.min(region.change().bytes_allocated);
+    let bound = per_byte * input + (256 << 10);
+    assert!(
+        allocated <= bound,
+        "{allocated} bytes allocated for a {input}-byte input (bound {bound})"
+    );
+    out
+}
+
+/// Runs `test` on inputs of `strategy` with [`config`], all under the lock.
+fn run_serially<S: Strategy>(strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>) {
+    let _one = serial();
+    let mut runner = proptest::test_runner::TestRunner::new(config());
+    if let Err(e) = runner.run(&strategy, test) {
+        panic!("{e}");
+    }
+}
+
+/// An Azure JSON fixture with one node replaced by a random value.
+fn azure_reshaped() -> impl Strategy<Value = Vec<u8>> {
+    (
+        prop::sample::select(AZURE_JSON_FIXTURES),
+        any::<prop::sample::Index>(),
+        json_value(),
+    )
+        .prop_map(|(name, at, new)| {
+            let mut value: Value = serde_json::from_slice(&fixture(name)).expect("fixture");
+            let mut index = at.index(64);
+            replace_node(&mut value, &mut index, &new);
+            serde_json::to_vec(&value).expect("json")
+        })
+}
+
+#[test]
+fn azure_json_never_panics_and_stays_linear() {
+    use tower_llm_providers::{Dialect, EmbeddingDialect};
+    let body = prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..2048),
+        damaged(AZURE_JSON_FIXTURES),
+        azure_reshaped(),
+    ];
+    let inputs = (body, 100u16..1000, header_value(), header_value());
+    run_serially(inputs, |(body, status, retry_after, retry_after_ms)| {
+        let dialect = azure();
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("retry-after", retry_after),
+            ("retry-after-ms", retry_after_ms),
+        ] {
+            if let Ok(v) = HeaderValue::from_bytes(&value) {
+                headers.insert(name, v);
+            }
+        }
+        let answer = http::Response::new(bytes::Bytes::copy_from_slice(&body));
+        let chat = ChatRequest::new("d", vec![Message::user("hi")]);
+        let embed = tower_llm_core::EmbeddingRequest::new("d", vec!["hi".into()]);
+        bounded_twice(body.len(), 64, || {
+            let _ = dialect.decode(&chat, &answer, Duration::ZERO);
+            let _ = dialect.decode_embeddings(&embed, &answer, Duration::ZERO);
+        });
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+        let f = bounded_twice(body.len(), 64, || {
+            dialect.decode_error(status, &headers, &body)
+        });
+        prop_assert!(
+            f.message()
+                .is_none_or(|m| m.len() <= tower_llm_providers::MAX_MESSAGE + 3)
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn azure_sse_bytes_in_any_pieces_never_panic() {
+    use tower_llm_providers::Dialect;
+    use tower_llm_providers::dialect::Wire;
+    let inputs = (
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..4096),
+            damaged(AZURE_SSE_FIXTURES)
+        ],
+        prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+    );
+    run_serially(inputs, |(bytes, cuts)| {
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
+        cuts.push(0);
+        cuts.push(bytes.len());
+        cuts.sort_unstable();
+        // As the other SSE test: every event may become a failure of its
+        // own, so linear with a large constant.
+        bounded_twice(bytes.len(), 1024, || {
+            let mut wire = azure().wire();
+            let mut out = std::collections::VecDeque::new();
+            for w in cuts.windows(2) {
+                wire.feed(&bytes[w[0]..w[1]], &mut out);
+                out.clear();
+            }
+            let _ = wire.ended_cleanly();
+        });
+        Ok(())
+    });
+}
+
+#[test]
+fn azure_deep_nesting_is_refused_without_overflowing_the_stack() {
+    use tower_llm_providers::Dialect;
+    let _one = serial();
+    let dialect = azure();
+    let chat = ChatRequest::new("d", vec![Message::user("hi")]);
+    for depth in [200, 10_000, 100_000] {
+        let body = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let answer = http::Response::new(bytes::Bytes::from(body));
+        assert!(dialect.decode(&chat, &answer, Duration::ZERO).is_err());
+        let object = format!("{}1{}", "{\"error\":".repeat(depth), "}".repeat(depth));
+        let f = dialect.decode_error(
+            StatusCode::BAD_REQUEST,
+            &HeaderMap::new(),
+            object.as_bytes(),
+        );
+        assert!(f.is_bad_request());
+    }
+}
