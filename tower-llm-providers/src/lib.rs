@@ -1,4 +1,5 @@
-//! OpenAI, Anthropic and AWS Bedrock chat services for tower-llm: one request type
+//! OpenAI, Azure OpenAI, Anthropic, AWS Bedrock and Google Gemini chat
+//! services for tower-llm: one request type
 //! ([`ChatRequest`](tower_llm_core::ChatRequest)), one normalised answer
 //! ([`ChatResponse`](tower_llm_core::ChatResponse)), and provider errors
 //! classified from status, headers and body so that retry, breaker and
@@ -27,8 +28,9 @@
 //! | [`Anthropic<T>`](Anthropic) | [`AnthropicConfig`] | server-sent events |
 //! | [`Bedrock<T>`](Bedrock) | [`BedrockConfig`] (signs with SigV4) | AWS event stream |
 //! | [`Gemini<T>`](Gemini) | [`GeminiConfig`] (the Gemini Developer API) | server-sent events |
+//! | [`AzureOpenAi<T>`](AzureOpenAi) | [`AzureOpenAiConfig`] (a deployment per model) | server-sent events |
 //!
-//! A new provider (Azure OpenAI, Gemini, ...) is a new dialect; the
+//! A new provider (Mistral, Cohere, ...) is a new dialect; the
 //! [`dialect`] module says how to write one, with a toy example. A gateway
 //! serving a wire format to its own clients: [`openai::server`], [`anthropic::server`].
 //!
@@ -95,6 +97,8 @@
 //!
 //! OpenAI embeddings are [`OpenAiEmbeddings`] (`EmbeddingRequest` →
 //! `EmbeddingResponse`, the same layers apply), with the same settings.
+//! Azure OpenAI's are [`AzureOpenAiEmbeddings`]; both are [`Embeddings`]
+//! over an [`EmbeddingDialect`].
 //!
 //! # Streaming
 //!
@@ -122,6 +126,7 @@
 //!   faults). Off by default.
 
 pub mod anthropic;
+pub mod azure;
 pub mod bedrock;
 pub mod dialect;
 mod failure;
@@ -139,11 +144,14 @@ mod transport;
 mod wire;
 
 pub use anthropic::{Anthropic, AnthropicConfig};
+pub use azure::{AZURE_API_VERSION, AzureOpenAi, AzureOpenAiConfig, AzureOpenAiEmbeddings};
 pub use bedrock::{AwsCredentials, Bedrock, BedrockConfig};
 pub use dialect::Dialect;
 pub use failure::MAX_MESSAGE;
 pub use gemini::{Gemini, GeminiConfig};
-pub use openai::{OpenAi, OpenAiConfig, OpenAiEmbeddings};
+pub use openai::{
+    EmbeddingDialect, Embeddings, EmbeddingsFuture, OpenAi, OpenAiConfig, OpenAiEmbeddings,
+};
 pub use provider::{Provider, ProviderFuture};
 pub use secret::ApiKey;
 pub use streaming::{StreamFuture, StreamSource, StreamTimeouts, Streaming};

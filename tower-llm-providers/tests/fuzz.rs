@@ -50,6 +50,27 @@ fn config() -> ProptestConfig {
     }
 }
 
+/// Runs `test` on `config`'s cases of `strategy`, holding the lock the
+/// whole run: the allocation counter is global, so a case must be made
+/// (generating one allocates: a reshaped fixture holds a 70 KB string)
+/// while no other test measures, as well as tested.
+fn run_serially_with<S: Strategy>(
+    config: ProptestConfig,
+    strategy: S,
+    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
+) {
+    let _one = serial();
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    if let Err(e) = runner.run(&strategy, test) {
+        panic!("{e}");
+    }
+}
+
+/// [`run_serially_with`] with [`config`].
+fn run_serially<S: Strategy>(strategy: S, test: impl Fn(S::Value) -> Result<(), TestCaseError>) {
+    run_serially_with(config(), strategy, test);
+}
+
 /// Bytes allocated by `f` (in all, not at once) stay within `per_byte`
 /// times its `input` bytes, plus 256 KiB.
 fn bounded<T>(input: usize, per_byte: usize, f: impl FnOnce() -> T) -> T {
@@ -248,48 +269,57 @@ fn header_value() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
-proptest! {
-    #![proptest_config(config())]
-
-    #[test]
-    fn provider_json_never_panics_and_stays_linear(
-        body in body(),
-        status in 100u16..1000,
-        retry_after in header_value(),
-        retry_after_ms in header_value(),
-        should_retry in header_value(),
-    ) {
-        let _one = serial();
-        let mut headers = HeaderMap::new();
-        for (name, value) in [
-            ("retry-after", retry_after),
-            ("retry-after-ms", retry_after_ms),
-            ("x-should-retry", should_retry),
-        ] {
-            if let Ok(v) = HeaderValue::from_bytes(&value) {
-                headers.insert(name, v);
+#[test]
+fn provider_json_never_panics_and_stays_linear() {
+    let inputs = (
+        body(),
+        100u16..1000,
+        header_value(),
+        header_value(),
+        header_value(),
+    );
+    run_serially(
+        inputs,
+        |(body, status, retry_after, retry_after_ms, should_retry)| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in [
+                ("retry-after", retry_after),
+                ("retry-after-ms", retry_after_ms),
+                ("x-should-retry", should_retry),
+            ] {
+                if let Ok(v) = HeaderValue::from_bytes(&value) {
+                    headers.insert(name, v);
+                }
             }
-        }
-        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-        decode_all(&body, status, &headers);
-    }
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+            decode_all(&body, status, &headers);
+            Ok(())
+        },
+    );
+}
 
-    #[test]
-    fn retry_after_values_never_panic(value in header_value()) {
-        let _one = serial();
+#[test]
+fn retry_after_values_never_panic() {
+    run_serially(header_value(), |value| {
         let at = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         if let Some(d) = parse_retry_after(&value, || at) {
             prop_assert!(d <= Duration::from_secs(u64::from(u32::MAX)));
         }
         let _ = parse_retry_after_ms(&value);
-    }
+        Ok(())
+    });
+}
 
-    #[test]
-    fn sse_bytes_in_any_pieces_never_panic(
-        bytes in prop_oneof![prop::collection::vec(any::<u8>(), 0..4096), damaged(SSE_FIXTURES)],
-        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
-    ) {
-        let _one = serial();
+#[test]
+fn sse_bytes_in_any_pieces_never_panic() {
+    let inputs = (
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..4096),
+            damaged(SSE_FIXTURES)
+        ],
+        prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+    );
+    run_serially(inputs, |(bytes, cuts)| {
         let mut cuts: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
         cuts.push(0);
         cuts.push(bytes.len());
@@ -300,14 +330,17 @@ proptest! {
         bounded(bytes.len(), 1024, || {
             let mut parser = SseParser::new();
             for w in cuts.windows(2) {
-                let Ok(events) = parser.push(&bytes[w[0]..w[1]]) else { break };
+                let Ok(events) = parser.push(&bytes[w[0]..w[1]]) else {
+                    break;
+                };
                 for e in events {
                     let _ = openai_event(&e);
                     let _ = anthropic_event(&e);
                 }
             }
         });
-    }
+        Ok(())
+    });
 }
 
 fn bedrock_stream(reply: Reply) -> Bedrock<ScriptedTransport> {
@@ -317,28 +350,42 @@ fn bedrock_stream(reply: Reply) -> Bedrock<ScriptedTransport> {
     )
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: config().cases / 10, ..config() })]
-
-    /// The AWS event stream, through the streaming Bedrock service (its
-    /// decoder is internal): damaged recordings in pieces of any size end
-    /// with an answer or a clear failure, never a panic.
-    #[test]
-    fn bedrock_event_stream_never_panics(
-        bytes in prop_oneof![damaged(EVENT_STREAM_FIXTURES), prop::collection::vec(any::<u8>(), 0..1024)],
-        piece in 1usize..64,
-    ) {
-        let _one = serial();
-        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("runtime");
+/// The AWS event stream, through the streaming Bedrock service (its
+/// decoder is internal): damaged recordings in pieces of any size end
+/// with an answer or a clear failure, never a panic.
+#[test]
+fn bedrock_event_stream_never_panics() {
+    let inputs = (
+        prop_oneof![
+            damaged(EVENT_STREAM_FIXTURES),
+            prop::collection::vec(any::<u8>(), 0..1024)
+        ],
+        1usize..64,
+    );
+    let fewer = ProptestConfig {
+        cases: config().cases / 10,
+        ..config()
+    };
+    run_serially_with(fewer, inputs, |(bytes, piece)| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("runtime");
         rt.block_on(async {
-            let steps: Vec<Step> = bytes.chunks(piece).map(|c| Step::Send(bytes::Bytes::copy_from_slice(c))).collect();
-            let provider = bedrock_stream(Reply::stream("application/vnd.amazon.eventstream", steps));
+            let steps: Vec<Step> = bytes
+                .chunks(piece)
+                .map(|c| Step::Send(bytes::Bytes::copy_from_slice(c)))
+                .collect();
+            let provider =
+                bedrock_stream(Reply::stream("application/vnd.amazon.eventstream", steps));
             let req = ChatRequest::new("m", vec![Message::user("hi")]);
             if let Ok(stream) = provider.streaming().oneshot(req).await {
                 let _ = stream.collect_response().await;
             }
         });
-    }
+        Ok(())
+    });
 }
 
 #[test]
@@ -377,20 +424,17 @@ fn reshaped_anthropic_request() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
-/// Run as one test holding the lock throughout, its cases generated
-/// inside it: generating a case allocates (a reshaped fixture holds a
-/// 70 KB string), and a case generated while another test measures would
-/// count against that test's bound.
+/// Anthropic's request decoder (a client's body) on arbitrary bytes,
+/// damaged fixtures and reshaped ones: no panic, allocation linear in the
+/// input, refusals bad requests with bounded messages.
 #[test]
 fn anthropic_requests_never_panic_and_stay_linear() {
-    let _one = serial();
     let requests = prop_oneof![
         prop::collection::vec(any::<u8>(), 0..2048),
         damaged(ANTHROPIC_REQUEST_FIXTURES),
         reshaped_anthropic_request(),
     ];
-    let mut runner = proptest::test_runner::TestRunner::new(config());
-    let result = runner.run(&requests, |body| {
+    run_serially(requests, |body| {
         let refused = bounded(body.len(), 64, || {
             anthropic::server::decode_request(&body).err()
         });
@@ -404,9 +448,6 @@ fn anthropic_requests_never_panic_and_stay_linear() {
         }
         Ok(())
     });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
 }
 
 #[test]
@@ -460,38 +501,11 @@ fn gemini_reshaped() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
-/// As [`bounded`], for a closure that can run again: when a run goes over
-/// the bound it is run again (up to three times) and the fewest bytes
-/// count. The other tests generate their inputs outside the serial lock,
-/// and an allocation of theirs that lands in a measured run is not ours;
-/// an allocation of the code measured is there every time.
-fn bounded_again<T>(input: usize, per_byte: usize, f: impl Fn() -> T) -> T {
-    let bound = per_byte * input + (256 << 10);
-    let mut least = usize::MAX;
-    let mut runs = 0;
-    loop {
-        let region = Region::new(GLOBAL);
-        let out = f();
-        least = least.min(region.change().bytes_allocated);
-        runs += 1;
-        if least <= bound || runs == 3 {
-            assert!(
-                least <= bound,
-                "{least} bytes allocated (at least, in {runs} runs) for a {input}-byte input (bound {bound})"
-            );
-            return out;
-        }
-    }
-}
-
 /// Gemini's unary and error decoders on arbitrary bytes, damaged fixtures
 /// and reshaped ones: no panic, allocation linear in the input, messages
-/// bounded. The whole run holds the serial lock (its inputs are made
-/// under it too: a 70,000-byte string made while another test measures
-/// would count against that test).
+/// bounded.
 #[test]
 fn gemini_json_never_panics_and_stays_linear() {
-    let _one = serial();
     let strategy = (
         prop_oneof![
             prop::collection::vec(any::<u8>(), 0..2048),
@@ -501,17 +515,16 @@ fn gemini_json_never_panics_and_stays_linear() {
         100u16..1000,
         header_value(),
     );
-    let mut runner = proptest::test_runner::TestRunner::new(config());
-    let result = runner.run(&strategy, |(body, status, retry_after)| {
+    run_serially(strategy, |(body, status, retry_after)| {
         let mut headers = HeaderMap::new();
         if let Ok(v) = HeaderValue::from_bytes(&retry_after) {
             headers.insert("retry-after", v);
         }
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-        bounded_again(body.len(), 64, || {
+        bounded(body.len(), 64, || {
             let _ = tower_llm_providers::gemini::decode(&body, "m", Duration::ZERO);
         });
-        let f = bounded_again(body.len(), 64, || {
+        let f = bounded(body.len(), 64, || {
             tower_llm_providers::gemini::decode_error(status, &headers, &body)
         });
         prop_assert!(
@@ -524,28 +537,28 @@ fn gemini_json_never_panics_and_stays_linear() {
         );
         Ok(())
     });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
 }
 
-proptest! {
-    #![proptest_config(config())]
-
-    /// Gemini's stream decoder (a `Wire` over server-sent events), fed
-    /// damaged recordings and garbage in pieces of any size.
-    #[test]
-    fn gemini_sse_in_any_pieces_never_panics(
-        bytes in prop_oneof![prop::collection::vec(any::<u8>(), 0..4096), damaged(GEMINI_SSE_FIXTURES)],
-        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
-    ) {
-        use tower_llm_providers::dialect::{Dialect, Wire};
-        let _one = serial();
+/// Gemini's stream decoder (a `Wire` over server-sent events), fed
+/// damaged recordings and garbage in pieces of any size.
+#[test]
+fn gemini_sse_in_any_pieces_never_panics() {
+    use tower_llm_providers::dialect::{Dialect, Wire};
+    let inputs = (
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..4096),
+            damaged(GEMINI_SSE_FIXTURES)
+        ],
+        prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+    );
+    run_serially(inputs, |(bytes, cuts)| {
         let mut cuts: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
         cuts.push(0);
         cuts.push(bytes.len());
         cuts.sort_unstable();
-        let config = tower_llm_providers::GeminiConfig::new(tower_llm_providers::ApiKey::new("AIza-fuzz-key"));
+        let config = tower_llm_providers::GeminiConfig::new(tower_llm_providers::ApiKey::new(
+            "AIza-fuzz-key",
+        ));
         bounded(bytes.len(), 1024, || {
             let mut wire = config.wire();
             let mut out = std::collections::VecDeque::new();
@@ -555,7 +568,8 @@ proptest! {
             let _ = wire.ended_cleanly();
             out.len()
         });
-    }
+        Ok(())
+    });
 }
 
 /// Every prefix of the recorded streams through the streaming service:
@@ -604,5 +618,131 @@ fn gemini_deep_nesting_is_refused_without_overflowing_the_stack() {
             object.as_bytes(),
         );
         assert!(f.is_transient());
+    }
+}
+
+// Azure OpenAI: its decoders (chat answers, error answers, embeddings and
+// stream events, reached through the dialect's public methods) under the
+// same properties as the others: no panic, allocations linear in the
+// input, messages bounded.
+
+const AZURE_JSON_FIXTURES: &[&str] = &[
+    "azure_chat_completion.json",
+    "azure_error_content_filter_400.json",
+    "azure_error_rate_limit_429.json",
+    "azure_embeddings.json",
+];
+
+const AZURE_SSE_FIXTURES: &[&str] = &["azure_stream_basic.sse", "azure_stream_content_filter.sse"];
+
+fn azure() -> tower_llm_providers::AzureOpenAiConfig {
+    tower_llm_providers::AzureOpenAiConfig::new(
+        tower_llm_providers::ApiKey::new("azure-fuzz-key"),
+        "https://fuzz.openai.azure.com",
+    )
+}
+
+/// An Azure JSON fixture with one node replaced by a random value.
+fn azure_reshaped() -> impl Strategy<Value = Vec<u8>> {
+    (
+        prop::sample::select(AZURE_JSON_FIXTURES),
+        any::<prop::sample::Index>(),
+        json_value(),
+    )
+        .prop_map(|(name, at, new)| {
+            let mut value: Value = serde_json::from_slice(&fixture(name)).expect("fixture");
+            let mut index = at.index(64);
+            replace_node(&mut value, &mut index, &new);
+            serde_json::to_vec(&value).expect("json")
+        })
+}
+
+#[test]
+fn azure_json_never_panics_and_stays_linear() {
+    use tower_llm_providers::{Dialect, EmbeddingDialect};
+    let body = prop_oneof![
+        prop::collection::vec(any::<u8>(), 0..2048),
+        damaged(AZURE_JSON_FIXTURES),
+        azure_reshaped(),
+    ];
+    let inputs = (body, 100u16..1000, header_value(), header_value());
+    run_serially(inputs, |(body, status, retry_after, retry_after_ms)| {
+        let dialect = azure();
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("retry-after", retry_after),
+            ("retry-after-ms", retry_after_ms),
+        ] {
+            if let Ok(v) = HeaderValue::from_bytes(&value) {
+                headers.insert(name, v);
+            }
+        }
+        let answer = http::Response::new(bytes::Bytes::copy_from_slice(&body));
+        let chat = ChatRequest::new("d", vec![Message::user("hi")]);
+        let embed = tower_llm_core::EmbeddingRequest::new("d", vec!["hi".into()]);
+        bounded(body.len(), 64, || {
+            let _ = dialect.decode(&chat, &answer, Duration::ZERO);
+            let _ = dialect.decode_embeddings(&embed, &answer, Duration::ZERO);
+        });
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+        let f = bounded(body.len(), 64, || {
+            dialect.decode_error(status, &headers, &body)
+        });
+        prop_assert!(
+            f.message()
+                .is_none_or(|m| m.len() <= tower_llm_providers::MAX_MESSAGE + 3)
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn azure_sse_bytes_in_any_pieces_never_panic() {
+    use tower_llm_providers::Dialect;
+    use tower_llm_providers::dialect::Wire;
+    let inputs = (
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..4096),
+            damaged(AZURE_SSE_FIXTURES)
+        ],
+        prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+    );
+    run_serially(inputs, |(bytes, cuts)| {
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
+        cuts.push(0);
+        cuts.push(bytes.len());
+        cuts.sort_unstable();
+        // As the other SSE test: every event may become a failure of its
+        // own, so linear with a large constant.
+        bounded(bytes.len(), 1024, || {
+            let mut wire = azure().wire();
+            let mut out = std::collections::VecDeque::new();
+            for w in cuts.windows(2) {
+                wire.feed(&bytes[w[0]..w[1]], &mut out);
+                out.clear();
+            }
+            let _ = wire.ended_cleanly();
+        });
+        Ok(())
+    });
+}
+
+#[test]
+fn azure_deep_nesting_is_refused_without_overflowing_the_stack() {
+    use tower_llm_providers::Dialect;
+    let _one = serial();
+    let dialect = azure();
+    let chat = ChatRequest::new("d", vec![Message::user("hi")]);
+    for depth in [200, 10_000, 100_000] {
+        let body = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let answer = http::Response::new(bytes::Bytes::from(body));
+        assert!(dialect.decode(&chat, &answer, Duration::ZERO).is_err());
+        let object = format!("{}1{}", "{\"error\":".repeat(depth), "}".repeat(depth));
+        let f = dialect.decode_error(
+            StatusCode::BAD_REQUEST,
+            &HeaderMap::new(),
+            object.as_bytes(),
+        );
+        assert!(f.is_bad_request());
     }
 }

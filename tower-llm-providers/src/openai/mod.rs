@@ -1,5 +1,7 @@
 //! OpenAI Chat Completions, and every server that speaks it; OpenAI
-//! embeddings; and the server side of the wire format ([`server`]).
+//! embeddings, and the embeddings service of every dialect that has one
+//! ([`Embeddings`], [`EmbeddingDialect`]); and the server side of the wire
+//! format ([`server`]).
 
 mod chat;
 mod config;
@@ -8,4 +10,7 @@ pub mod server;
 
 pub use chat::{OpenAi, decode, decode_error, encode, encode_with};
 pub use config::OpenAiConfig;
-pub use embeddings::{OpenAiEmbeddings, decode_embeddings};
+pub use embeddings::{
+    EmbeddingDialect, Embeddings, EmbeddingsFuture, OpenAiEmbeddings, decode_embeddings,
+};
+pub(crate) use embeddings::{decode_embeddings_of, encode_embeddings};
