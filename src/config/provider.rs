@@ -12,8 +12,9 @@ use tower_llm_core::{
 };
 use tower_llm_providers::StreamTimeouts;
 use tower_llm_providers::{
-    Anthropic, AnthropicConfig, ApiKey, AwsCredentials, Bedrock, BedrockConfig, OpenAi,
-    OpenAiConfig, OpenAiEmbeddings, RequestBody,
+    Anthropic, AnthropicConfig, ApiKey, AwsCredentials, AzureOpenAi, AzureOpenAiConfig,
+    AzureOpenAiEmbeddings, Bedrock, BedrockConfig, Gemini, GeminiConfig, OpenAi, OpenAiConfig,
+    OpenAiEmbeddings, RequestBody,
 };
 
 use super::{ConfigError, LinkConfig};
@@ -28,6 +29,10 @@ pub enum ProviderKind {
     Anthropic,
     /// AWS Bedrock Converse.
     Bedrock,
+    /// Azure OpenAI: a link's `model` names the deployment.
+    Azure,
+    /// Google Gemini (the Gemini Developer API).
+    Gemini,
 }
 
 /// One `[[providers]]` entry.
@@ -36,17 +41,23 @@ pub enum ProviderKind {
 pub struct ProviderConfig {
     /// `name`: how chains refer to it, and its metric and breaker label.
     pub name: String,
-    /// `kind`: `openai`, `anthropic` or `bedrock`.
+    /// `kind`: `openai`, `anthropic`, `bedrock`, `azure` or `gemini`.
     pub kind: ProviderKind,
     /// `base_url`: the API root (OpenAI: `.../v1`; Anthropic: without
-    /// `/v1`; Bedrock: the runtime endpoint). Default: the official one.
+    /// `/v1`; Bedrock: the runtime endpoint; Azure: the resource's
+    /// endpoint, `https://NAME.openai.azure.com`, required; Gemini:
+    /// `.../v1beta`). Default: the official one.
     #[serde(default)]
     pub base_url: Option<String>,
     /// `api_key_env`: the environment variable holding the key (OpenAI,
-    /// Anthropic). Bedrock reads `AWS_ACCESS_KEY_ID`,
+    /// Anthropic, Azure, Gemini). Bedrock reads `AWS_ACCESS_KEY_ID`,
     /// `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN`.
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// `api_version`: Azure's `api-version` query parameter (default
+    /// [`AZURE_API_VERSION`](tower_llm_providers::AZURE_API_VERSION)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
     /// `region`: Bedrock's region (default `us-east-1`).
     #[serde(default)]
     pub region: Option<String>,
@@ -73,7 +84,7 @@ pub struct ProviderConfig {
     pub idle_timeout_ms: Option<u64>,
     /// `max_completion_tokens`: send the token limit as
     /// `max_completion_tokens`, as OpenAI's o-series and gpt-5 models
-    /// require (OpenAI only; default false).
+    /// require (OpenAI and Azure; default false).
     #[serde(default)]
     pub max_completion_tokens: bool,
     /// `rpm`: this provider's requests per minute (its key's or
@@ -217,6 +228,35 @@ impl ProviderConfig {
                         config = config.with_base_url(url);
                     }
                     let p = Anthropic::new(transport, config).with_metrics(genai.clone());
+                    (
+                        BoxCloneSyncService::new(p.clone()),
+                        BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
+                    )
+                }
+                ProviderKind::Azure => {
+                    // Validated: an Azure provider has its endpoint.
+                    let endpoint = self.base_url.as_deref().unwrap_or_default();
+                    let mut config = AzureOpenAiConfig::new(key.ok_or_else(missing_key)?, endpoint)
+                        .with_max_completion_tokens(self.max_completion_tokens);
+                    if let Some(version) = &self.api_version {
+                        config = config.with_api_version(version);
+                    }
+                    embeddings = Some(BoxCloneSyncService::new(AzureOpenAiEmbeddings::new(
+                        transport.clone(),
+                        config.clone(),
+                    )));
+                    let p = AzureOpenAi::new(transport, config).with_metrics(genai.clone());
+                    (
+                        BoxCloneSyncService::new(p.clone()),
+                        BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
+                    )
+                }
+                ProviderKind::Gemini => {
+                    let mut config = GeminiConfig::new(key.ok_or_else(missing_key)?);
+                    if let Some(url) = &self.base_url {
+                        config = config.with_base_url(url);
+                    }
+                    let p = Gemini::new(transport, config).with_metrics(genai.clone());
                     (
                         BoxCloneSyncService::new(p.clone()),
                         BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),

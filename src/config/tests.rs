@@ -157,6 +157,21 @@ fn each_validation_error_is_named() {
         problems(&no_key),
         ["provider \"a\": api_key_env is required for Openai"]
     );
+    let azure = GOOD.replace("kind = \"openai\"", "kind = \"azure\"");
+    assert_eq!(
+        problems(&azure),
+        [
+            "provider \"a\": base_url (the resource's endpoint, https://NAME.openai.azure.com) is required for azure"
+        ]
+    );
+    let version = GOOD.replace(
+        "api_key_env = \"A\"",
+        "api_key_env = \"A\"\napi_version = \"2024-10-21\"",
+    );
+    assert_eq!(
+        problems(&version),
+        ["provider \"a\": api_version is for azure only"]
+    );
     let breaker = format!(
         "[breaker]\nconsecutive_failures = 0\ncooldown_ms = 0\nhalf_open_probes = 1\n{GOOD}"
     );
@@ -179,9 +194,9 @@ fn syntax_errors_unknown_keys_and_kinds_are_refused_with_their_place() {
     let typo = GOOD.replace("api_key_env", "api_key_envv");
     let err = Policy::from_toml(&typo).unwrap_err().to_string();
     assert!(err.contains("api_key_envv"), "{err}");
-    let kind = GOOD.replace("kind = \"bedrock\"", "kind = \"gemini\"");
+    let kind = GOOD.replace("kind = \"bedrock\"", "kind = \"mistral\"");
     let err = Policy::from_toml(&kind).unwrap_err().to_string();
-    assert!(err.contains("gemini"), "{err}");
+    assert!(err.contains("mistral"), "{err}");
     let err = Policy::from_toml("[[routes]\n").unwrap_err().to_string();
     assert!(err.contains("line 1"), "{err}");
     assert!(Policy::from_json("{\"routes\": 7}").is_err());

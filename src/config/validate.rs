@@ -97,6 +97,18 @@ impl Policy {
                     }
                 }
             }
+            if provider.kind == ProviderKind::Azure && provider.base_url.is_none() {
+                p.push(format!(
+                    "provider \"{}\": base_url (the resource's endpoint, https://NAME.openai.azure.com) is required for azure",
+                    provider.name
+                ));
+            }
+            if provider.api_version.is_some() && provider.kind != ProviderKind::Azure {
+                p.push(format!(
+                    "provider \"{}\": api_version is for azure only",
+                    provider.name
+                ));
+            }
             if provider.kind != ProviderKind::Bedrock && provider.api_key_env.is_none() {
                 p.push(format!(
                     "provider \"{}\": api_key_env is required for {:?}",

@@ -319,3 +319,113 @@ async fn a_tool_call_from_an_openai_upstream_is_a_tool_use_block() {
         serde_json::from_slice(&h.primary.received()[0].body).expect("json");
     assert_eq!(sent["tools"][0]["function"]["name"], "weather");
 }
+
+/// An Azure OpenAI deployment first, Gemini second, for the routes
+/// `smart` (chat) and `embed` (the Azure deployment alone).
+fn azure_then_gemini(p: &MockServer, b: &MockServer) -> String {
+    format!(
+        r#"
+        [deadline]
+        total_ms = 2000
+        [retry]
+        max_attempts = 2
+        attempt_timeout_ms = 2000
+        base_ms = 100
+        factor = 2
+        max_ms = 400
+        jitter = "none"
+        [breaker]
+        consecutive_failures = 5
+        cooldown_ms = 30000
+        [[providers]]
+        name = "azure"
+        kind = "azure"
+        base_url = "{}"
+        api_version = "2024-10-21"
+        api_key_env = "UNUSED"
+        [[providers]]
+        name = "gemini"
+        kind = "gemini"
+        base_url = "{}/v1beta"
+        api_key_env = "UNUSED"
+        [[routes]]
+        model = "smart"
+        chain = [{{ provider = "azure", model = "gpt4o-prod" }}, {{ provider = "gemini", model = "gemini-2.5-flash" }}]
+        [[routes]]
+        model = "embed"
+        chain = [{{ provider = "azure", model = "embed-prod" }}]
+        "#,
+        p.url(),
+        b.url()
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_azure_deployment_serves_chat_and_embeddings_with_its_key_header() {
+    let h = start_text(Reply::openai_text("from azure"), down(), azure_then_gemini).await;
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.json()["choices"][0]["message"]["content"], "from azure");
+    assert_eq!(a.header("x-llm-provider"), "azure");
+    let sent = &h.primary.received()[0];
+    assert_eq!(
+        sent.path,
+        "/openai/deployments/gpt4o-prod/chat/completions?api-version=2024-10-21"
+    );
+    assert_eq!(sent.headers["api-key"], "sk-test-key");
+    assert!(sent.headers.get("authorization").is_none());
+
+    h.primary.push(vectors("embed-prod", &[&[0.5]]));
+    let a = h
+        .send(
+            "POST",
+            "/v1/embeddings",
+            r#"{"model": "embed", "input": "x"}"#,
+            &[],
+        )
+        .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.json()["data"][0]["embedding"], serde_json::json!([0.5]));
+    assert_eq!(
+        h.primary.received()[1].path,
+        "/openai/deployments/embed-prod/embeddings?api-version=2024-10-21"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn azure_failing_over_to_gemini_answers_both_client_apis() {
+    let h = start_text(down(), Reply::gemini_text("from gemini"), azure_then_gemini).await;
+    let a = h.chat(HELLO).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.json()["choices"][0]["message"]["content"], "from gemini");
+    assert_eq!(a.header("x-llm-provider"), "gemini");
+    assert_eq!(a.header("x-llm-model-used"), "gemini-2.5-flash");
+    assert_eq!(a.header("x-llm-attempts"), "3");
+    let sent = &h.backup.received()[0];
+    assert_eq!(sent.path, "/v1beta/models/gemini-2.5-flash:generateContent");
+    assert_eq!(sent.headers["x-goog-api-key"], "sk-test-key");
+
+    // A streamed Anthropic Messages call, served by Gemini's stream.
+    h.backup.push(Reply::gemini_stream(&["Hel", "lo"]));
+    let body = MESSAGE.replace(
+        "\"max_tokens\": 64,",
+        "\"max_tokens\": 64, \"stream\": true,",
+    );
+    let a = h.send("POST", "/v1/messages", &body, &[]).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("x-llm-provider"), "gemini");
+    let text: String = a
+        .body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter(|v| v["type"] == "content_block_delta")
+        .filter_map(|v| v["delta"]["text"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(text, "Hello");
+    assert!(a.body.contains("event: message_stop"), "{}", a.body);
+    assert_eq!(
+        h.backup.received()[1].path,
+        "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
+    );
+}
