@@ -175,17 +175,20 @@ pub mod idempotency {
     };
 }
 
-/// Provider services ([`tower_llm_providers`]): OpenAI, Anthropic, AWS Bedrock.
+/// Provider services ([`tower_llm_providers`]): OpenAI, Azure OpenAI,
+/// Anthropic, AWS Bedrock, Google Gemini.
 pub mod providers {
     #[cfg(feature = "https")]
     pub use tower_llm_providers::https;
     #[cfg(feature = "mock")]
     pub use tower_llm_providers::mock;
     pub use tower_llm_providers::{
-        Anthropic, AnthropicConfig, ApiKey, AwsCredentials, Bedrock, BedrockConfig,
-        DEFAULT_MAX_BODY, Dialect, MAX_MESSAGE, OpenAi, OpenAiConfig, OpenAiEmbeddings, Provider,
-        ProviderFuture, RequestBody, StreamFuture, StreamSource, StreamTimeouts, Streaming,
-        anthropic, bedrock, dialect, openai, stream, streaming,
+        AZURE_API_VERSION, Anthropic, AnthropicConfig, ApiKey, AwsCredentials, AzureOpenAi,
+        AzureOpenAiConfig, AzureOpenAiEmbeddings, Bedrock, BedrockConfig, DEFAULT_MAX_BODY,
+        Dialect, EmbeddingDialect, Embeddings, EmbeddingsFuture, Gemini, GeminiConfig, MAX_MESSAGE,
+        OpenAi, OpenAiConfig, OpenAiEmbeddings, Provider, ProviderFuture, RequestBody,
+        StreamFuture, StreamSource, StreamTimeouts, Streaming, anthropic, azure, bedrock, dialect,
+        gemini, openai, stream, streaming,
     };
 }
 
