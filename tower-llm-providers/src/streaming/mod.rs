@@ -78,10 +78,18 @@
 //! one; the retry layer's attempt timeout then bounds the time to the first
 //! content frame as well.
 
+pub(crate) mod guards;
+pub(crate) mod learned;
 pub(crate) mod live;
+pub(crate) mod malformed;
 pub(crate) mod service;
 pub(crate) mod timeouts;
 pub(crate) mod wire;
 
+pub use guards::{InvalidSilenceGuards, SilenceGuards};
+pub use learned::{
+    FIRST_TOKEN_WINDOW, FirstTokenLimit, FirstTokenLimitConfig, InvalidFirstTokenLimit,
+};
+pub use malformed::MalformedChunks;
 pub use service::{StreamFuture, StreamSource, Streaming};
 pub use timeouts::{DEFAULT_FIRST_TOKEN_TIMEOUT, DEFAULT_IDLE_TIMEOUT, StreamTimeouts};
