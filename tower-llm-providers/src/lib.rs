@@ -154,5 +154,6 @@ pub use openai::{
 };
 pub use provider::{Provider, ProviderFuture};
 pub use secret::ApiKey;
+pub use streaming::{FirstTokenLimit, FirstTokenLimitConfig, MalformedChunks, SilenceGuards};
 pub use streaming::{StreamFuture, StreamSource, StreamTimeouts, Streaming};
 pub use transport::{DEFAULT_MAX_BODY, RequestBody};

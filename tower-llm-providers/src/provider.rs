@@ -14,7 +14,6 @@ use tower_service::Service;
 use crate::dialect::{self, Dialect};
 use crate::streaming::live::{Open, open};
 use crate::streaming::service::{StreamFuture, StreamSource, Streaming, private};
-use crate::streaming::timeouts::StreamTimeouts;
 use crate::transport::{
     Answer, RequestBody, metric_model, poll_transport, round_trip, take_ready, timed_chat,
 };
@@ -42,11 +41,15 @@ pub type ProviderFuture = Pin<Box<dyn Future<Output = Result<ChatResponse, Failu
 /// `poll_ready` is the transport's; `call` takes the transport that was
 /// made ready and leaves a clone in its place. Cloning a provider clones
 /// its transport and shares its dialect.
+///
+/// Opt-in, [`with_head_timeout`](Self::with_head_timeout) bounds the time
+/// to the answer's head (status and headers), for unary calls and streams.
 #[derive(Debug)]
 pub struct Provider<D, T> {
     transport: T,
     dialect: Arc<D>,
     metrics: GenAiMetrics,
+    head_timeout: Option<Duration>,
 }
 
 impl<D, T: Clone> Clone for Provider<D, T> {
@@ -55,6 +58,7 @@ impl<D, T: Clone> Clone for Provider<D, T> {
             transport: self.transport.clone(),
             dialect: self.dialect.clone(),
             metrics: self.metrics.clone(),
+            head_timeout: self.head_timeout,
         }
     }
 }
@@ -66,7 +70,50 @@ impl<D, T> Provider<D, T> {
             transport,
             dialect: Arc::new(dialect),
             metrics: GenAiMetrics::global(),
+            head_timeout: None,
         }
+    }
+
+    /// Bounds the time from sending a request to its answer's head (the
+    /// status and headers): an upstream that accepted the connection but
+    /// does not answer fails after `timeout` with a
+    /// [`Timeout`](tower_llm_core::FailureClass::Timeout) failure ("no
+    /// response head within ..."), which the retry and fallback layers
+    /// move on from. The body is not bounded by it: a slow body after a
+    /// quick head is the business of the retry layer's attempt timeout
+    /// (for unary calls) and of the first-token and idle timeouts (for
+    /// streams, where it applies too: a stream's head comes before its
+    /// first token, so the head limit can be far below a first-token
+    /// timeout that allows for long thinking). Default: none.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::ServiceExt;
+    /// use tower_llm_core::{ChatRequest, FailureClass, Message};
+    /// use tower_llm_providers::mock::{Reply, ScriptedTransport};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let transport = ScriptedTransport::new(Reply::openai_text("hi").after(Duration::from_secs(60)));
+    /// let provider = transport.openai().with_head_timeout(Duration::from_secs(5));
+    /// let started = tokio::time::Instant::now();
+    /// let err = provider
+    ///     .oneshot(ChatRequest::new("gpt-4o-mini", vec![Message::user("hi")]))
+    ///     .await
+    ///     .unwrap_err();
+    /// assert_eq!(err.class(), FailureClass::Timeout);
+    /// assert_eq!(started.elapsed(), Duration::from_secs(5));
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_head_timeout(mut self, timeout: Duration) -> Self {
+        self.head_timeout = Some(timeout);
+        self
+    }
+
+    /// The response-head timeout, if set.
+    pub fn head_timeout(&self) -> Option<Duration> {
+        self.head_timeout
     }
 
     /// Records the GenAI client metrics (`gen_ai.client.operation.duration`,
@@ -129,8 +176,9 @@ where
         let mut transport = take_ready(&mut self.transport);
         let dialect = self.dialect.clone();
         let metrics = self.metrics.clone();
+        let head = self.head_timeout;
         Box::pin(async move {
-            let call = chat(&mut transport, &*dialect, &req);
+            let call = chat(&mut transport, &*dialect, &req, head);
             let model = metric_model(&req);
             timed_chat(&metrics, dialect.provider(), &model, call).await
         })
@@ -142,6 +190,7 @@ async fn chat<D, T, B>(
     transport: &mut T,
     dialect: &D,
     req: &ChatRequest,
+    head: Option<Duration>,
 ) -> Result<ChatResponse, Failure>
 where
     D: Dialect,
@@ -151,7 +200,7 @@ where
     B::Error: Into<BoxError>,
 {
     let http_req = dialect::request(dialect, req, false)?;
-    let (answer, latency) = exchange(transport, dialect, http_req).await?;
+    let (answer, latency) = exchange_within(transport, dialect, http_req, head).await?;
     let status = answer.status();
     dialect
         .decode(req, &answer, latency)
@@ -173,11 +222,35 @@ where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
+    exchange_within(transport, dialect, http_req, None).await
+}
+
+/// [`exchange`], the answer's head within `head` when given.
+async fn exchange_within<D, T, B>(
+    transport: &mut T,
+    dialect: &D,
+    http_req: http::Request<RequestBody>,
+    head: Option<Duration>,
+) -> Result<(http::Response<Bytes>, Duration), Failure>
+where
+    D: Dialect,
+    T: Service<http::Request<RequestBody>, Response = http::Response<B>>,
+    T::Error: Into<BoxError>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     let Answer {
         parts,
         body,
         latency,
-    } = round_trip(transport, http_req, dialect.max_body(), dialect.provider()).await?;
+    } = round_trip(
+        transport,
+        http_req,
+        head,
+        dialect.max_body(),
+        dialect.provider(),
+    )
+    .await?;
     if !parts.status.is_success() {
         return Err(dialect.decode_error(parts.status, &parts.headers, &body));
     }
@@ -208,10 +281,17 @@ where
         poll_transport(&mut self.transport, cx, self.dialect.provider())
     }
 
-    fn open_stream(&mut self, req: ChatRequest, timeouts: StreamTimeouts) -> StreamFuture {
+    fn open_stream(&mut self, req: ChatRequest, settings: private::StreamSettings) -> StreamFuture {
         let transport = take_ready(&mut self.transport);
         let dialect = self.dialect.clone();
         let metrics = self.metrics.clone();
+        let head_timeout = self.head_timeout;
+        let private::StreamSettings {
+            timeouts,
+            learned,
+            malformed,
+            skipped,
+        } = settings;
         Box::pin(async move {
             let http_req = dialect::request(&*dialect, &req, true)?;
             let settings = Open {
@@ -221,6 +301,10 @@ where
                 metric_model: metric_model(&req),
                 max_error_body: dialect.max_body(),
                 timeouts,
+                learned,
+                head_timeout,
+                malformed,
+                skipped,
                 deadline: Deadline::of(&req),
                 metrics,
                 error: |parts: &http::response::Parts, body: &[u8]| {

@@ -2,6 +2,8 @@
 //! body with a cap, the transport's readiness, trace context and the
 //! GenAI metrics of a call.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::HeaderMap;
 use http_body::Body;
@@ -38,14 +40,44 @@ where
 pub(crate) struct Answer {
     pub(crate) parts: http::response::Parts,
     pub(crate) body: Bytes,
-    pub(crate) latency: std::time::Duration,
+    pub(crate) latency: Duration,
 }
 
-/// Sends `req` through `transport` and reads the whole answer, at most
-/// `max_body` bytes; transport errors become classified failures.
+/// Sends `req` through `transport` up to the answer's head (status and
+/// headers), within `head` when given; transport errors become classified
+/// failures, a head that does not come in time a timeout.
+pub(crate) async fn send<T, B>(
+    transport: &mut T,
+    req: http::Request<RequestBody>,
+    head: Option<Duration>,
+    provider: &'static str,
+) -> Result<http::Response<B>, Failure>
+where
+    T: tower_service::Service<http::Request<RequestBody>, Response = http::Response<B>>,
+    T::Error: Into<BoxError>,
+{
+    let call = transport.call(req);
+    let res = match head {
+        None => call.await,
+        Some(head) => match tokio::time::timeout(head, call).await {
+            Ok(res) => res,
+            Err(_) => {
+                return Err(Failure::new(FailureClass::Timeout)
+                    .with_provider(provider)
+                    .with_message(format!("no response head within the {head:?} head timeout")));
+            }
+        },
+    };
+    res.map_err(|e| Failure::from_error(e.into()).with_provider(provider))
+}
+
+/// Sends `req` through `transport` (the head within `head` when given) and
+/// reads the whole answer, at most `max_body` bytes; transport errors
+/// become classified failures.
 pub(crate) async fn round_trip<T, B>(
     transport: &mut T,
     req: http::Request<RequestBody>,
+    head: Option<Duration>,
     max_body: usize,
     provider: &'static str,
 ) -> Result<Answer, Failure>
@@ -56,10 +88,7 @@ where
     B::Error: Into<BoxError>,
 {
     let started = tokio::time::Instant::now();
-    let res = transport
-        .call(req)
-        .await
-        .map_err(|e| Failure::from_error(e.into()).with_provider(provider))?;
+    let res = send(transport, req, head, provider).await?;
     let (parts, body) = res.into_parts();
     let body = read_body(body, max_body)
         .await

@@ -746,3 +746,57 @@ fn azure_deep_nesting_is_refused_without_overflowing_the_stack() {
         assert!(f.is_bad_request());
     }
 }
+
+// Skipping malformed events after the commit point
+// (`streaming::MalformedChunks::Skip`): the wire reads on past every event
+// it cannot decode, so whatever follows is decoded too.
+
+#[test]
+fn sse_wires_skipping_malformed_events_never_panic_and_stay_linear() {
+    use tower_llm_providers::dialect::{SseWire, Wire};
+    let inputs = (
+        prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..4096),
+            damaged(SSE_FIXTURES)
+        ],
+        prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+    );
+    run_serially(inputs, |(bytes, cuts)| {
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
+        cuts.push(0);
+        cuts.push(bytes.len());
+        cuts.sort_unstable();
+        /// A first content event, and a wire of the decoder it is for.
+        type First = (&'static [u8], fn() -> SseWire);
+        let firsts: [First; 2] = [
+            (
+                b"data: {\"choices\": [{\"delta\": {\"content\": \"x\"}}]}\n\n",
+                || SseWire::new(openai_event),
+            ),
+            (
+                b"data: {\"type\": \"content_block_delta\", \"index\": 0, \"delta\": {\"type\": \"text_delta\", \"text\": \"x\"}}\n\n",
+                || SseWire::new(anthropic_event),
+            ),
+        ];
+        for (first, wire) in firsts {
+            // As the other SSE tests: linear, with a large constant.
+            let skipped = bounded(bytes.len(), 1024, || {
+                let mut wire = wire();
+                assert!(wire.skip_malformed());
+                let mut out = std::collections::VecDeque::new();
+                // The first content chunk: from here, malformed events are
+                // skipped.
+                wire.feed(first, &mut out);
+                for w in cuts.windows(2) {
+                    wire.feed(&bytes[w[0]..w[1]], &mut out);
+                    out.clear();
+                }
+                let _ = wire.ended_cleanly();
+                wire.skipped()
+            });
+            // An event takes at least 6 bytes (`data\n\n`).
+            prop_assert!(skipped <= bytes.len() as u64 / 6, "{skipped} skipped");
+        }
+        Ok(())
+    });
+}

@@ -4,6 +4,8 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -16,6 +18,8 @@ use tower_llm_core::{
 };
 use tower_service::Service;
 
+use super::learned::FirstTokenLimit;
+use super::malformed::MalformedChunks;
 use super::timeouts::StreamTimeouts;
 use super::wire::Wire;
 use crate::stream::StreamItem;
@@ -47,6 +51,13 @@ pub(crate) struct Live<B, W> {
     timer: Option<Pin<Box<Sleep>>>,
     armed: bool,
     report: Option<Report>,
+    /// In skip mode (and when the wire can skip): the service's count of
+    /// malformed events skipped.
+    skipping: Option<Arc<AtomicU64>>,
+    /// The wire's skip count already added to `skipping`.
+    skipped: u64,
+    /// Chunks handed on so far (where a skipped event is logged).
+    handed: u64,
 }
 
 /// The GenAI metrics of a committed stream, recorded once when it ends.
@@ -74,11 +85,13 @@ where
 {
     fn new(
         body: B,
-        wire: W,
+        mut wire: W,
         provider: &'static str,
         idle: Duration,
         deadline: Option<Instant>,
+        skip: Option<Arc<AtomicU64>>,
     ) -> Self {
+        let skipping = skip.filter(|_| wire.skip_malformed());
         Live {
             body: Some(Box::pin(body)),
             wire,
@@ -92,7 +105,35 @@ where
             timer: None,
             armed: false,
             report: None,
+            skipping,
+            skipped: 0,
+            handed: 0,
         }
+    }
+
+    /// Counts the malformed events the wire skipped since the last look,
+    /// logging the first of the stream.
+    fn note_skipped(&mut self) {
+        let Some(total) = self.skipping.as_ref() else {
+            return;
+        };
+        let now = self.wire.skipped();
+        if now <= self.skipped {
+            return;
+        }
+        total.fetch_add(now - self.skipped, Ordering::Relaxed);
+        if self.skipped == 0 {
+            // Once per stream; never the event's text (it may echo
+            // anything), only where it was.
+            #[cfg(feature = "otel")]
+            tracing::warn!(
+                provider = self.provider,
+                class = FailureClass::InvalidResponse.as_metric_label(),
+                chunks_before = self.handed,
+                "skipped a malformed stream event (logged once per stream)"
+            );
+        }
+        self.skipped = now;
     }
 
     /// Records the stream's metrics (once) as it ends.
@@ -125,6 +166,7 @@ where
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         self.wire.feed(&data, &mut self.queue);
+                        self.note_skipped();
                     }
                 }
                 Some(Err(e)) => {
@@ -224,6 +266,7 @@ where
         let this = &mut *self;
         if let Some(chunk) = this.preamble.take().or_else(|| this.first.take()) {
             this.note_usage(&chunk);
+            this.handed += 1;
             return Poll::Ready(Some(Ok(chunk)));
         }
         match this.phase {
@@ -241,6 +284,7 @@ where
                 Poll::Ready(Some(Ok(StreamItem::Chunk(chunk)))) => {
                     this.armed = false;
                     this.note_usage(&chunk);
+                    this.handed += 1;
                     return Poll::Ready(Some(Ok(chunk)));
                 }
                 Poll::Ready(Some(Ok(StreamItem::Skip | StreamItem::Chunks(_)))) => {}
@@ -440,6 +484,14 @@ pub(crate) struct Open<W, E> {
     pub(crate) metric_model: std::sync::Arc<str>,
     pub(crate) max_error_body: usize,
     pub(crate) timeouts: StreamTimeouts,
+    /// The learned first-token limit, if any.
+    pub(crate) learned: Option<FirstTokenLimit>,
+    /// The most time from sending to the response head, if limited.
+    pub(crate) head_timeout: Option<Duration>,
+    /// What a malformed event after the commit point does.
+    pub(crate) malformed: MalformedChunks,
+    /// The service's count of malformed events skipped.
+    pub(crate) skipped: Arc<AtomicU64>,
     pub(crate) deadline: Option<Deadline>,
     /// Classifies a non-2xx answer from its parts and body.
     pub(crate) error: E,
@@ -447,7 +499,8 @@ pub(crate) struct Open<W, E> {
 }
 
 /// Sends `req` and peeks to the commit point, all within the first-token
-/// timeout and the call's deadline.
+/// limit (fixed or learned) and the call's deadline, the response head
+/// within the head timeout.
 pub(crate) async fn open<T, B, W, E>(
     mut transport: T,
     req: http::Request<RequestBody>,
@@ -468,23 +521,30 @@ where
         metric_model,
         max_error_body,
         timeouts,
+        learned,
+        head_timeout,
+        malformed,
+        skipped,
         deadline,
         error,
         metrics,
     } = open;
     let started = Instant::now();
     let deadline = deadline.map(Deadline::instant);
+    // The learned limit once it has learned enough, else the fixed one.
+    let (first_token, is_learned) = match &learned {
+        Some(l) if l.learned().is_some() => (l.limit(timeouts.first_token), true),
+        _ => (timeouts.first_token, false),
+    };
     let mut until = started
-        .checked_add(timeouts.first_token)
+        .checked_add(first_token)
         .unwrap_or_else(|| far_future(started));
     if let Some(d) = deadline {
         until = until.min(d);
     }
+    let skip = (malformed == MalformedChunks::Skip).then_some(skipped);
     let committed = tokio::time::timeout_at(until, async {
-        let res = transport
-            .call(req)
-            .await
-            .map_err(|e| Failure::from_error(e.into()).with_provider(provider))?;
+        let res = crate::transport::send(&mut transport, req, head_timeout, provider).await?;
         let (parts, body) = res.into_parts();
         if !parts.status.is_success() {
             let bytes = read_body(body, max_error_body)
@@ -492,33 +552,47 @@ where
                 .map_err(|f| f.with_provider(provider))?;
             return Err(error(&parts, &bytes));
         }
-        Live::new(body, wire, provider, timeouts.idle, deadline)
+        Live::new(body, wire, provider, timeouts.idle, deadline, skip)
             .peek()
             .await
     })
     .await;
     let failure = match committed {
         Ok(Ok(mut live)) => {
+            let time_to_first_token = started.elapsed();
+            if let (Some(limit), true) = (&learned, live.first.is_some()) {
+                limit.record(time_to_first_token);
+            }
             live.report = Some(Report {
                 metrics,
                 model: metric_model,
                 started,
                 usage: Usage::default(),
             });
-            return Ok(
-                ChatStream::new(provider, model, live).with_time_to_first_chunk(started.elapsed())
-            );
+            return Ok(ChatStream::new(provider, model, live)
+                .with_time_to_first_chunk(time_to_first_token));
         }
         Ok(Err(f)) => f,
         Err(_) if deadline.is_some_and(|d| d <= until) => {
             Failure::deadline_exceeded().with_provider(provider)
         }
-        Err(_) => Failure::new(FailureClass::Timeout)
-            .with_provider(provider)
-            .with_message(format!(
-                "no first content frame within the {:?} first-token timeout",
-                timeouts.first_token
-            )),
+        Err(_) => {
+            if let Some(limit) = &learned {
+                // The stream would have taken at least this long: what
+                // lets the learned limit grow back when the link slows.
+                limit.record(first_token);
+            }
+            let which = if is_learned {
+                "learned first-token limit"
+            } else {
+                "first-token timeout"
+            };
+            Failure::new(FailureClass::Timeout)
+                .with_provider(provider)
+                .with_message(format!(
+                    "no first content frame within the {first_token:?} {which}"
+                ))
+        }
     };
     metrics.record_chat(provider, &metric_model, started.elapsed(), Err(&failure));
     Err(failure)

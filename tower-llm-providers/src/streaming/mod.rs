@@ -77,11 +77,37 @@
 //! Put the layers around a `Streaming` service exactly as around the unary
 //! one; the retry layer's attempt timeout then bounds the time to the first
 //! content frame as well.
+//!
+//! # Opt-in guards against silence and garbled streams
+//!
+//! Off by default; together they are [`SilenceGuards`] in a policy file.
+//!
+//! - A response-head timeout,
+//!   [`Provider::with_head_timeout`](crate::Provider::with_head_timeout):
+//!   no status and headers within it is a timeout failure, for unary calls
+//!   and streams; a slow body after a quick head is not cut by it.
+//! - A first-token limit learned from the link's own times to first
+//!   content frame, [`Streaming::with_learned_first_token`] with a
+//!   [`FirstTokenLimit`]: `quantile × factor` of the recent ones (p99 × 2 by
+//!   default) within a floor and a cap, so a silent upstream fails over
+//!   after seconds rather than after the fixed 30 s.
+//! - [`MalformedChunks::Skip`], [`Streaming::with_malformed_chunks`]: a
+//!   malformed event after the commit point is skipped (logged once per
+//!   stream, counted) instead of ending the stream; before it, it still
+//!   fails the call.
 
+pub(crate) mod guards;
+pub(crate) mod learned;
 pub(crate) mod live;
+pub(crate) mod malformed;
 pub(crate) mod service;
 pub(crate) mod timeouts;
 pub(crate) mod wire;
 
+pub use guards::{InvalidSilenceGuards, SilenceGuards};
+pub use learned::{
+    FIRST_TOKEN_WINDOW, FirstTokenLimit, FirstTokenLimitConfig, InvalidFirstTokenLimit,
+};
+pub use malformed::MalformedChunks;
 pub use service::{StreamFuture, StreamSource, Streaming};
 pub use timeouts::{DEFAULT_FIRST_TOKEN_TIMEOUT, DEFAULT_IDLE_TIMEOUT, StreamTimeouts};

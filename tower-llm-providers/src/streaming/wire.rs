@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 
-use tower_llm_core::{ChatChunk, Failure};
+use tower_llm_core::{ChatChunk, Failure, FailureClass};
 
 use crate::stream::{SseEvent, SseParser, StreamItem};
 
@@ -30,6 +30,26 @@ pub trait Wire: Send + Unpin + 'static {
     fn ended_cleanly(&mut self) -> bool {
         false
     }
+
+    /// Asks the wire to skip, from now on, each malformed event (framing
+    /// whole, content that does not decode: an invalid-response failure of
+    /// the event's decoder) that comes after the first content chunk it has
+    /// produced, counting it in [`skipped`](Self::skipped) instead of
+    /// failing. Before that chunk (the stream's commit point) such an event
+    /// still fails; framing failures and in-band error events always do.
+    /// Returns `true` when the wire can; the default returns `false`, and
+    /// the wire fails on a malformed event as before. The streaming service
+    /// calls it once, before feeding anything, when set to
+    /// [`MalformedChunks::Skip`](crate::streaming::MalformedChunks::Skip).
+    fn skip_malformed(&mut self) -> bool {
+        false
+    }
+
+    /// How many malformed events the wire has skipped so far (0 for a
+    /// wire that does not skip).
+    fn skipped(&self) -> u64 {
+        0
+    }
 }
 
 /// The decoder of one server-sent event.
@@ -42,6 +62,12 @@ type DecodeEvent = Box<dyn FnMut(&SseEvent) -> Result<StreamItem, Failure> + Sen
 /// A body that ends cleanly without its terminator is complete when it
 /// ends between two events after a finish reason for every choice that
 /// started (a choice starts with its first chunk that is not usage-only).
+///
+/// It can [skip malformed events](Wire::skip_malformed): an event whose
+/// decoder answers an invalid-response failure after the first content
+/// chunk is then dropped and counted. The parser's own failures (an event
+/// over [`MAX_EVENT`](crate::stream::MAX_EVENT), a line that is not UTF-8)
+/// still end the stream: the framing cannot be trusted after them.
 ///
 /// ```
 /// use std::collections::VecDeque;
@@ -59,6 +85,12 @@ pub struct SseWire {
     failed: bool,
     /// The choices seen so far, and which of them sent a finish reason.
     finishes: Finishes,
+    /// Skip malformed events after the first content chunk.
+    skip: bool,
+    /// A content chunk was produced (the stream's commit point).
+    content: bool,
+    /// Malformed events skipped.
+    skipped: u64,
 }
 
 impl SseWire {
@@ -72,6 +104,9 @@ impl SseWire {
             decode: Box::new(decode),
             failed: false,
             finishes: Finishes::default(),
+            skip: false,
+            content: false,
+            skipped: 0,
         }
     }
 }
@@ -82,6 +117,9 @@ impl fmt::Debug for SseWire {
             .field("parser", &self.parser)
             .field("failed", &self.failed)
             .field("finishes", &self.finishes)
+            .field("skip", &self.skip)
+            .field("content", &self.content)
+            .field("skipped", &self.skipped)
             .finish_non_exhaustive()
     }
 }
@@ -94,22 +132,33 @@ impl Wire for SseWire {
         let decode = &mut self.decode;
         let mut failed = false;
         let finishes = &mut self.finishes;
+        let skip = self.skip;
+        let content = &mut self.content;
+        let skipped = &mut self.skipped;
         let parsed = self.parser.push_with(bytes, |event| {
             if failed {
                 return;
             }
             match decode(&event) {
-                Ok(StreamItem::Chunks(chunks)) => {
-                    for c in &chunks {
-                        finishes.note(c);
-                    }
-                    out.extend(chunks.into_iter().map(|c| Ok(StreamItem::Chunk(c))));
-                }
                 Ok(item) => {
-                    if let StreamItem::Chunk(c) = &item {
-                        finishes.note(c);
+                    *content |= item.is_content();
+                    match item {
+                        StreamItem::Chunks(chunks) => {
+                            for c in &chunks {
+                                finishes.note(c);
+                            }
+                            out.extend(chunks.into_iter().map(|c| Ok(StreamItem::Chunk(c))));
+                        }
+                        item => {
+                            if let StreamItem::Chunk(c) = &item {
+                                finishes.note(c);
+                            }
+                            out.push_back(Ok(item));
+                        }
                     }
-                    out.push_back(Ok(item));
+                }
+                Err(f) if skip && *content && f.class() == FailureClass::InvalidResponse => {
+                    *skipped = skipped.saturating_add(1);
                 }
                 Err(f) => {
                     failed = true;
@@ -129,6 +178,15 @@ impl Wire for SseWire {
         // ended at an event's end after every choice that started sent
         // its finish reason: the answer is complete.
         !self.failed && self.parser.is_between_events() && self.finishes.all_finished()
+    }
+
+    fn skip_malformed(&mut self) -> bool {
+        self.skip = true;
+        true
+    }
+
+    fn skipped(&self) -> u64 {
+        self.skipped
     }
 }
 
