@@ -12,8 +12,8 @@ use std::time::Duration;
 use futures_core::Stream;
 
 use crate::{
-    AttemptRecord, ChatChunk, ChatResponse, Choice, Failure, FinishReason, Link, RecordsAttempts,
-    ToolCall, Usage,
+    AttemptRecord, ChatChunk, ChatResponse, Choice, Continued, Failure, FinishReason, Link,
+    RecordsAttempts, ToolCall, Usage,
 };
 
 /// The boxed chunk stream inside a [`ChatStream`].
@@ -29,7 +29,10 @@ pub type ChunkStream = Pin<Box<dyn Stream<Item = Result<ChatChunk, Failure>> + S
 /// empty stream, no first frame within the first-token timeout) is an
 /// ordinary `Err` from the service, which retry, breaker and fallback treat
 /// exactly like a failed unary call. Once a `ChatStream` exists, the call
-/// is committed: nothing retries it and no other link replaces it.
+/// is committed: nothing retries it and no other link replaces it. That
+/// is the default; recovery after the commit point is an explicit choice
+/// (`tower-llm-resume`: a continuation spliced into the same stream,
+/// counted by [`continuations`](Self::continuations)).
 ///
 /// # Items
 ///
@@ -64,6 +67,8 @@ pub struct ChatStream {
     degraded: bool,
     idempotent_replayed: bool,
     attempts: Vec<AttemptRecord>,
+    /// Set by a layer that may continue the stream after it breaks.
+    continued: Option<Continued>,
 }
 
 impl ChatStream {
@@ -81,6 +86,7 @@ impl ChatStream {
             degraded: false,
             idempotent_replayed: false,
             attempts: Vec::new(),
+            continued: None,
         }
     }
 
@@ -150,6 +156,11 @@ impl ChatStream {
         &self.provider
     }
 
+    /// The provider, shared.
+    pub(crate) fn provider_arc(&self) -> &Arc<str> {
+        &self.provider
+    }
+
     /// The model that is streaming.
     pub fn model(&self) -> &str {
         &self.model
@@ -171,9 +182,41 @@ impl ChatStream {
         self.degraded
     }
 
-    /// Every attempt the call made up to the commit point.
+    /// Every attempt the call made up to the commit point. For a stream
+    /// that was continued after it broke, the first piece's: each
+    /// continuation's are in its [`continuations`](Self::continuations).
     pub fn attempts(&self) -> &[AttemptRecord] {
         &self.attempts
+    }
+
+    /// How often this stream was continued after it broke, so far, and
+    /// what served each continuation: a handle to read during or after
+    /// the stream's consumption (keep a clone before handing the stream
+    /// on). By default nothing continues a stream after its commit point
+    /// and the handle reads 0; a layer that opts in to recovery
+    /// (`tower-llm-resume`) attaches its own with
+    /// [`with_continuations`](Self::with_continuations). See
+    /// [`Continued`].
+    ///
+    /// ```
+    /// use tower_llm_core::{ChatStream, Continued};
+    ///
+    /// let stream = ChatStream::from_chunks("openai", "m", vec![]);
+    /// assert_eq!(stream.continuations().count(), 0);
+    /// let stream = stream.with_continuations(Continued::new());
+    /// assert!(stream.continuations().is_enabled());
+    /// ```
+    pub fn continuations(&self) -> Continued {
+        self.continued.clone().unwrap_or(Continued::NONE)
+    }
+
+    /// Attaches the handle through which a layer that may continue this
+    /// stream after it breaks reports each continuation (see
+    /// [`continuations`](Self::continuations)).
+    #[must_use]
+    pub fn with_continuations(mut self, continued: Continued) -> Self {
+        self.continued = Some(continued);
+        self
     }
 
     /// Reads the whole stream into one [`ChatResponse`]: text joined per
@@ -346,6 +389,7 @@ impl fmt::Debug for ChatStream {
             .field("degraded", &self.degraded)
             .field("idempotent_replayed", &self.idempotent_replayed)
             .field("attempts", &self.attempts.len())
+            .field("continued", &self.continued.as_ref().map_or(0, Continued::count))
             .finish_non_exhaustive()
     }
 }
