@@ -87,7 +87,7 @@ pub use classify::{
     ChatClassifier, Classify, HttpClassifier, Outcome, X_SHOULD_RETRY, classify_status,
     should_retry,
 };
-pub use continuation::{Continuation, Continued, ContinuedPiece};
+pub use continuation::Continuation;
 pub use cost::{Budget, BudgetHold, Cost, InvalidCost, InvalidPrice, Price, Tenant};
 pub use deadline::Deadline;
 pub use embed::{EmbeddingRequest, EmbeddingResponse};
@@ -100,5 +100,5 @@ pub use retry_after::{
     MAX_RETRY_AFTER, RETRY_AFTER_MS, parse_retry_after, parse_retry_after_ms, retry_after,
     retry_after_at,
 };
-pub use stream::{ChatStream, ChunkStream};
+pub use stream::{ChatStream, ChunkStream, Continued, ContinuedPiece};
 pub use telemetry::{GenAiMetrics, Metrics};

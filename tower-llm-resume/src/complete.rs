@@ -11,7 +11,9 @@ use futures_core::Stream;
 use pin_project_lite::pin_project;
 use tokio::time::{Sleep, sleep};
 use tower_layer::Layer;
-use tower_llm_core::{BoxError, ChatChunk, ChatRequest, ChatStream, ChunkStream, Failure, FailureClass};
+use tower_llm_core::{
+    BoxError, ChatChunk, ChatRequest, ChatStream, ChunkStream, Failure, FailureClass,
+};
 use tower_service::Service;
 
 use crate::{CompleteConfig, InvalidConfig};
@@ -97,7 +99,10 @@ impl CompleteLayer {
     /// (say, those that carry a header asking for it); the others pass as
     /// they are.
     #[must_use]
-    pub fn when(mut self, predicate: impl Fn(&ChatRequest) -> bool + Send + Sync + 'static) -> Self {
+    pub fn when(
+        mut self,
+        predicate: impl Fn(&ChatRequest) -> bool + Send + Sync + 'static,
+    ) -> Self {
         self.when = Some(Arc::new(predicate));
         self
     }
@@ -262,7 +267,10 @@ where
                 Poll::Ready(None) => {
                     *this.done = true;
                     let held = this.held.take();
-                    return Poll::Ready(held.map(|h| answer(h, false)).ok_or_else(polled_after_completion));
+                    return Poll::Ready(
+                        held.map(|h| answer(h, false))
+                            .ok_or_else(polled_after_completion),
+                    );
                 }
                 Poll::Pending => {
                     let expired = this
@@ -280,7 +288,10 @@ where
         // A cap was reached: what is held, then the live rest.
         *this.done = true;
         let held = this.held.take();
-        Poll::Ready(held.map(|h| answer(h, true)).ok_or_else(polled_after_completion))
+        Poll::Ready(
+            held.map(|h| answer(h, true))
+                .ok_or_else(polled_after_completion),
+        )
     }
 }
 

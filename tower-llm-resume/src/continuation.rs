@@ -362,10 +362,8 @@ fn after_refusal(failure: Failure) -> Failure {
         Some(m) => format!(
             "{m} (continuation sent without prefill after the link refused an assistant prefill)"
         ),
-        None => {
-            "continuation sent without prefill after the link refused an assistant prefill"
-                .to_owned()
-        }
+        None => "continuation sent without prefill after the link refused an assistant prefill"
+            .to_owned(),
     };
     failure.with_message(message)
 }

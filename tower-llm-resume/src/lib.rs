@@ -154,6 +154,8 @@ mod splice;
 pub use class::{RESUMABLE, is_resumable};
 pub use complete::{CHUNK_OVERHEAD, Complete, CompleteFuture, CompleteLayer};
 pub use config::{CompleteConfig, InvalidConfig, MAX_CONTINUATIONS, ResumeConfig};
-pub use continuation::{CONTINUE_INSTRUCTION, Continue, ContinuationLayer, ContinueFuture, Prefill};
+pub use continuation::{
+    CONTINUE_INSTRUCTION, ContinuationLayer, Continue, ContinueFuture, Prefill,
+};
 pub use overlap::OVERLAP_WINDOW;
 pub use resume::{Resume, ResumeFuture, ResumeLayer};

@@ -273,14 +273,24 @@ mod tests {
         };
         for _ in 0..2_000 {
             let len = (next() % 1_500) as usize;
-            let sent: String = (0..len).map(|_| ['a', 'b', 'é', ' '][(next() % 4) as usize]).collect();
+            let sent: String = (0..len)
+                .map(|_| ['a', 'b', 'é', ' '][(next() % 4) as usize])
+                .collect();
             // Often a repeat of the tail, then more.
             let cut = sent.len().saturating_sub((next() % 1_300) as usize);
-            let cut = (cut..=sent.len()).find(|&c| sent.is_char_boundary(c)).unwrap_or(0);
-            let extra: String = (0..(next() % 40)).map(|_| ['a', 'b', 'é', ' '][(next() % 4) as usize]).collect();
+            let cut = (cut..=sent.len())
+                .find(|&c| sent.is_char_boundary(c))
+                .unwrap_or(0);
+            let extra: String = (0..(next() % 40))
+                .map(|_| ['a', 'b', 'é', ' '][(next() % 4) as usize])
+                .collect();
             let new = format!("{}{extra}", &sent[cut..]);
             let sizes = [1 + (next() % 7) as usize, 1 + (next() % 300) as usize];
-            assert_eq!(fed(&sent, &new, &sizes), naive(&sent, &new), "{sent:?} / {new:?}");
+            assert_eq!(
+                fed(&sent, &new, &sizes),
+                naive(&sent, &new),
+                "{sent:?} / {new:?}"
+            );
         }
     }
 

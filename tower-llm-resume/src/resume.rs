@@ -190,10 +190,8 @@ where
         };
         let continued = Continued::new();
         let handle = continued.clone();
-        Poll::Ready(Ok(stream
-            .with_continuations(handle)
-            .map_chunks(move |first| {
-                Box::pin(Splice::new(first, service, pristine, config, continued))
-            })))
+        Poll::Ready(Ok(stream.with_continuations(handle).map_chunks(
+            move |first| Box::pin(Splice::new(first, service, pristine, config, continued)),
+        )))
     }
 }

@@ -31,7 +31,10 @@ fn resume(max_continuations: u8) -> ResumeLayer {
 }
 
 /// deadline (30 s) → resume → one link: continuation (prefill) → provider "a".
-fn route(script: &Script, max_continuations: u8) -> impl tower::Service<
+fn route(
+    script: &Script,
+    max_continuations: u8,
+) -> impl tower::Service<
     ChatRequest,
     Response = tower_llm_core::ChatStream,
     Error = tower_llm_core::Failure,
@@ -63,7 +66,10 @@ async fn a_cut_stream_continued_with_its_last_five_tokens_repeated_has_every_tok
     }));
     script.then("a", now(second));
 
-    let stream = route(&script, 1).oneshot(request()).await.expect("committed");
+    let stream = route(&script, 1)
+        .oneshot(request())
+        .await
+        .expect("committed");
     let continued = stream.continuations();
     let items = drain(stream).await;
     let (got, failed) = joined(&items);
@@ -78,8 +84,14 @@ async fn a_cut_stream_continued_with_its_last_five_tokens_repeated_has_every_tok
     let asked = &script.seen("a")[1];
     assert_eq!(asked.messages.len(), 2);
     assert_eq!(asked.messages[1].role, Role::Assistant);
-    assert_eq!(asked.messages[1].joined_text(), all[..12].concat().trim_end());
-    assert!(Continuation::of(asked).is_none(), "the marker is not sent on");
+    assert_eq!(
+        asked.messages[1].joined_text(),
+        all[..12].concat().trim_end()
+    );
+    assert!(
+        Continuation::of(asked).is_none(),
+        "the marker is not sent on"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -91,7 +103,13 @@ async fn a_continuation_that_repeats_nothing_is_spliced_as_it_is() {
     script.then("a", now(first));
     script.then("a", now(chunks(&all[4..])));
 
-    let items = drain(route(&script, 1).oneshot(request()).await.expect("committed")).await;
+    let items = drain(
+        route(&script, 1)
+            .oneshot(request())
+            .await
+            .expect("committed"),
+    )
+    .await;
     let (got, failed) = joined(&items);
     assert_eq!((got.as_str(), failed), (all.concat().as_str(), None));
     assert_eq!(duplicated_and_missing(&got, &all), (0, 0));
@@ -119,7 +137,13 @@ async fn a_repeat_split_across_chunk_boundaries_is_trimmed_across_them() {
         .collect();
     script.then("a", now(pieces));
 
-    let items = drain(route(&script, 1).oneshot(request()).await.expect("committed")).await;
+    let items = drain(
+        route(&script, 1)
+            .oneshot(request())
+            .await
+            .expect("committed"),
+    )
+    .await;
     let (got, failed) = joined(&items);
     assert_eq!(failed, None);
     assert_eq!(got, full);
@@ -160,7 +184,11 @@ async fn a_link_that_refuses_prefill_is_learned_two_calls_the_first_time_one_aft
         // The first call, then the continuation: refused with prefill
         // and sent again without (2) the first time; 1 once learned.
         let continuation_calls = calls() - before - 1;
-        assert_eq!(continuation_calls, if round == 0 { 2 } else { 1 }, "round {round}");
+        assert_eq!(
+            continuation_calls,
+            if round == 0 { 2 } else { 1 },
+            "round {round}"
+        );
         assert!(!prefill.is_supported() && prefill.was_refused());
     }
     // Without prefill: the partial answer, then the instruction.
@@ -175,16 +203,31 @@ async fn a_link_that_refuses_prefill_is_learned_two_calls_the_first_time_one_aft
 async fn a_refusal_and_a_failed_plain_continuation_say_so_without_the_text() {
     let script = Script::new();
     script.then("a", now(vec![text("Secret partial "), cut()]));
-    script.then("a", Play::Fail(fail(FailureClass::BadRequest).with_message("no prefill")));
-    script.then("a", Play::Fail(fail(FailureClass::BadRequest).with_message("still no")));
-    let items = drain(route(&script, 1).oneshot(request()).await.expect("committed")).await;
+    script.then(
+        "a",
+        Play::Fail(fail(FailureClass::BadRequest).with_message("no prefill")),
+    );
+    script.then(
+        "a",
+        Play::Fail(fail(FailureClass::BadRequest).with_message("still no")),
+    );
+    let items = drain(
+        route(&script, 1)
+            .oneshot(request())
+            .await
+            .expect("committed"),
+    )
+    .await;
     let Some(Err(failure)) = items.last() else {
         panic!("the stream ends with the failure");
     };
     assert!(failure.is_bad_request());
     let message = failure.message().expect("a message");
     assert!(message.starts_with("still no"), "{message}");
-    assert!(message.contains("refused an assistant prefill"), "{message}");
+    assert!(
+        message.contains("refused an assistant prefill"),
+        "{message}"
+    );
     assert!(!failure.to_string().contains("Secret"), "{failure}");
     assert_eq!(script.calls("a"), 3);
 }
@@ -195,10 +238,16 @@ async fn max_continuations_is_respected_exactly() {
     for i in 0..5 {
         script.then("a", now(vec![text(&format!("p{i} ")), cut()]));
     }
-    let stream = route(&script, 2).oneshot(request()).await.expect("committed");
+    let stream = route(&script, 2)
+        .oneshot(request())
+        .await
+        .expect("committed");
     let continued = stream.continuations();
     let items = drain(stream).await;
-    assert_eq!(joined(&items), ("p0 p1 p2 ".to_owned(), Some(FailureClass::Transient)));
+    assert_eq!(
+        joined(&items),
+        ("p0 p1 p2 ".to_owned(), Some(FailureClass::Transient))
+    );
     assert_eq!(script.calls("a"), 3);
     assert_eq!(continued.count(), 2);
 }
@@ -215,7 +264,10 @@ async fn no_continuation_once_the_deadline_has_passed() {
         .layer(ContinuationLayer::new(Prefill::new(true)))
         .service(script.service("a"));
     let items = drain(route.oneshot(request()).await.expect("committed")).await;
-    assert_eq!(joined(&items), ("Hel".to_owned(), Some(FailureClass::Transient)));
+    assert_eq!(
+        joined(&items),
+        ("Hel".to_owned(), Some(FailureClass::Transient))
+    );
     assert_eq!(script.calls("a"), 1);
 }
 
@@ -227,13 +279,19 @@ async fn a_stream_that_sent_a_tool_call_or_another_choice_is_not_continued() {
         ..ChatChunk::default()
     });
     for (name, broken) in [
-        ("tool call", vec![text("Let me look."), tool_fragment(), cut()]),
+        (
+            "tool call",
+            vec![text("Let me look."), tool_fragment(), cut()],
+        ),
         ("two choices", vec![text("A"), other_choice, cut()]),
     ] {
         let script = Script::new();
         script.then("a", now(broken));
         script.then("a", now(vec![text("never")]));
-        let stream = route(&script, 1).oneshot(request()).await.expect("committed");
+        let stream = route(&script, 1)
+            .oneshot(request())
+            .await
+            .expect("committed");
         let continued = stream.continuations();
         let items = drain(stream).await;
         assert_eq!(joined(&items).1, Some(FailureClass::Transient), "{name}");
@@ -254,14 +312,26 @@ async fn a_failure_of_a_class_that_is_not_resumable_passes_through_unchanged() {
         let script = Script::new();
         script.then(
             "a",
-            now(vec![text("Hel"), Err(fail(class).with_message("upstream said"))]),
+            now(vec![
+                text("Hel"),
+                Err(fail(class).with_message("upstream said")),
+            ]),
         );
         script.then("a", now(vec![text("lo")]));
-        let items = drain(route(&script, 1).oneshot(request()).await.expect("committed")).await;
+        let items = drain(
+            route(&script, 1)
+                .oneshot(request())
+                .await
+                .expect("committed"),
+        )
+        .await;
         let Some(Err(failure)) = items.last() else {
             panic!("{class:?}: the stream ends with its failure");
         };
-        assert_eq!((failure.class(), failure.message()), (class, Some("upstream said")));
+        assert_eq!(
+            (failure.class(), failure.message()),
+            (class, Some("upstream said"))
+        );
         assert_eq!(script.calls("a"), 1, "{class:?}");
     }
 }
@@ -273,7 +343,10 @@ async fn a_request_that_may_be_sent_once_is_not_continued() {
     let mut req = request();
     req.extensions.insert(NotReplayable);
     let items = drain(route(&script, 1).oneshot(req).await.expect("committed")).await;
-    assert_eq!(joined(&items), ("Hel".to_owned(), Some(FailureClass::Transient)));
+    assert_eq!(
+        joined(&items),
+        ("Hel".to_owned(), Some(FailureClass::Transient))
+    );
     assert_eq!(script.calls("a"), 1);
 }
 
@@ -282,17 +355,27 @@ async fn usage_adds_up_across_pieces_and_the_finish_reason_is_the_last_pieces() 
     let script = Script::new();
     script.then(
         "a",
-        now(vec![usage(10, 0), text("Hel"), Ok(ChatChunk {
-            finish_reason: Some(FinishReason::Length),
-            ..ChatChunk::default()
-        }), cut()]),
+        now(vec![
+            usage(10, 0),
+            text("Hel"),
+            Ok(ChatChunk {
+                finish_reason: Some(FinishReason::Length),
+                ..ChatChunk::default()
+            }),
+            cut(),
+        ]),
     );
     script.then(
         "a",
-        now(vec![usage(13, 0), text("lo"), usage(0, 7), Ok(ChatChunk {
-            finish_reason: Some(FinishReason::Stop),
-            ..ChatChunk::default()
-        })]),
+        now(vec![
+            usage(13, 0),
+            text("lo"),
+            usage(0, 7),
+            Ok(ChatChunk {
+                finish_reason: Some(FinishReason::Stop),
+                ..ChatChunk::default()
+            }),
+        ]),
     );
     let answer = route(&script, 1)
         .oneshot(request())
@@ -302,7 +385,10 @@ async fn usage_adds_up_across_pieces_and_the_finish_reason_is_the_last_pieces() 
         .await
         .expect("continued");
     assert_eq!(answer.text(), "Hello");
-    assert_eq!((answer.usage.prompt_tokens, answer.usage.completion_tokens), (23, 7));
+    assert_eq!(
+        (answer.usage.prompt_tokens, answer.usage.completion_tokens),
+        (23, 7)
+    );
     assert_eq!(answer.finish_reason(), Some(FinishReason::Stop));
 }
 
@@ -341,10 +427,16 @@ async fn a_continuation_can_fail_over_and_its_pieces_records_are_kept() {
     assert_eq!((pieces[0].provider(), pieces[0].model()), ("b", "model-b"));
     assert_eq!(pieces[0].fallback_position(), 1);
     let statuses: Vec<_> = pieces[0].attempts().iter().map(|r| r.status()).collect();
-    assert_eq!(statuses, [AttemptStatus::FailedOver, AttemptStatus::Succeeded]);
+    assert_eq!(
+        statuses,
+        [AttemptStatus::FailedOver, AttemptStatus::Succeeded]
+    );
     // Link b was asked to continue without prefill.
     let asked = &script.seen("b")[0];
-    assert_eq!(asked.messages.last().map(|m| m.joined_text()).as_deref(), Some(CONTINUE_INSTRUCTION));
+    assert_eq!(
+        asked.messages.last().map(|m| m.joined_text()).as_deref(),
+        Some(CONTINUE_INSTRUCTION)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -352,7 +444,13 @@ async fn a_continuation_that_fails_before_committing_ends_the_stream_with_its_fa
     let script = Script::new();
     script.then("a", now(vec![text("Hel"), cut()]));
     script.then("a", Play::Fail(fail(FailureClass::Auth)));
-    let items = drain(route(&script, 1).oneshot(request()).await.expect("committed")).await;
+    let items = drain(
+        route(&script, 1)
+            .oneshot(request())
+            .await
+            .expect("committed"),
+    )
+    .await;
     assert_eq!(joined(&items), ("Hel".to_owned(), Some(FailureClass::Auth)));
 }
 
@@ -364,7 +462,10 @@ async fn a_continuation_that_breaks_before_its_repeat_is_decided_resumes_after_t
     // "abc abc"): nothing of it was sent.
     script.then("a", now(vec![text("abc"), cut()]));
     script.then("a", now(vec![text(" abc def")]));
-    let stream = route(&script, 2).oneshot(request()).await.expect("committed");
+    let stream = route(&script, 2)
+        .oneshot(request())
+        .await
+        .expect("committed");
     let continued = stream.continuations();
     let items = drain(stream).await;
     assert_eq!(joined(&items), ("abc abc def".to_owned(), None));
@@ -420,7 +521,10 @@ impl<S: tower::Service<ChatRequest>> tower::Service<ChatRequest> for CountCalls<
     type Error = S::Error;
     type Future = S::Future;
 
-    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), S::Error>> {
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 

@@ -13,7 +13,9 @@ use futures_core::Stream;
 use tokio::time::Sleep;
 use tower::service_fn;
 use tower::util::BoxCloneSyncService;
-use tower_llm_core::{ChatChunk, ChatRequest, ChatStream, Failure, FailureClass, ToolCallDelta, Usage};
+use tower_llm_core::{
+    ChatChunk, ChatRequest, ChatStream, Failure, FailureClass, ToolCallDelta, Usage,
+};
 
 pub type Item = Result<ChatChunk, Failure>;
 
@@ -90,7 +92,7 @@ impl Script {
     pub fn then(&self, provider: &'static str, play: Play) -> &Self {
         self.plays
             .lock()
-            .unwrap()
+            .expect("not poisoned")
             .entry(provider)
             .or_default()
             .push_back(play);
@@ -101,7 +103,7 @@ impl Script {
     pub fn seen(&self, provider: &str) -> Vec<ChatRequest> {
         self.seen
             .lock()
-            .unwrap()
+            .expect("not poisoned")
             .iter()
             .filter(|(p, _)| *p == provider)
             .map(|(_, r)| r.clone())
@@ -116,11 +118,15 @@ impl Script {
     pub fn service(&self, provider: &'static str) -> StreamService {
         let script = self.clone();
         BoxCloneSyncService::new(service_fn(move |req: ChatRequest| {
-            script.seen.lock().unwrap().push((provider, req.clone()));
+            script
+                .seen
+                .lock()
+                .expect("not poisoned")
+                .push((provider, req.clone()));
             let play = script
                 .plays
                 .lock()
-                .unwrap()
+                .expect("not poisoned")
                 .get_mut(provider)
                 .and_then(VecDeque::pop_front);
             let model = req.model.to_string();
