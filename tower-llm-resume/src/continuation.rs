@@ -228,10 +228,8 @@ where
             request: Some(plain),
             prefill: self.prefill.clone(),
         };
-        let clone = self.inner.clone();
-        let mut ready = std::mem::replace(&mut self.inner, clone);
         ContinueFuture {
-            fut: Some(ready.call(req)),
+            fut: Some(self.inner.call(req)),
             again: Some(again),
             refused: false,
         }

@@ -1,8 +1,9 @@
 //! How much of a continuation's head repeats the tail of what was sent.
 
 /// The longest repeat looked for: the last 1 KiB of the text already sent
-/// (cut at a character boundary). A continuation that repeats more than
-/// that of the answer's tail keeps the excess.
+/// (cut at a character boundary). A continuation that starts further back
+/// than that (a long answer started over) is no repeat of this window and
+/// is spliced as it is.
 pub const OVERLAP_WINDOW: usize = 1024;
 
 /// Finds how much of a continuation's head repeats the tail of what was

@@ -132,10 +132,8 @@ where
         };
         // The ready service answers this call; a clone (made ready when
         // needed) sends the continuations.
-        let clone = self.inner.clone();
-        let mut ready = std::mem::replace(&mut self.inner, clone);
         ResumeFuture {
-            fut: ready.call(req),
+            fut: self.inner.call(req),
             setup,
         }
     }
