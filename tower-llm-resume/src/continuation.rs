@@ -214,7 +214,9 @@ where
         let Some(continuation) = Continuation::take(&mut req) else {
             return ContinueFuture::plain(self.inner.call(req));
         };
-        if !self.prefill.is_supported() {
+        // A partial answer of nothing but whitespace is not asked for at
+        // all (see `ask`): no prefill to refuse.
+        if !self.prefill.is_supported() || continuation.partial().trim_end().is_empty() {
             ask(&mut req, continuation.partial(), false);
             return ContinueFuture::plain(self.inner.call(req));
         }
@@ -364,4 +366,89 @@ fn after_refusal(failure: Failure) -> Failure {
             .to_owned(),
     };
     failure.with_message(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::ServiceExt;
+    use tower_llm_core::ToolCall;
+
+    fn texts(req: &ChatRequest) -> Vec<(Role, String)> {
+        req.messages
+            .iter()
+            .map(|m| (m.role, m.joined_text()))
+            .collect()
+    }
+
+    #[test]
+    fn the_partial_answer_is_appended_the_links_way() {
+        let base = ChatRequest::new("m", vec![Message::user("Q")]);
+        let mut prefilled = base.clone();
+        ask(&mut prefilled, "Half an ans \n", true);
+        assert_eq!(
+            texts(&prefilled),
+            [
+                (Role::User, "Q".to_owned()),
+                (Role::Assistant, "Half an ans".to_owned())
+            ]
+        );
+        let mut told = base.clone();
+        ask(&mut told, "Half an ans", false);
+        assert_eq!(
+            texts(&told)[1..],
+            [
+                (Role::Assistant, "Half an ans".to_owned()),
+                (Role::User, CONTINUE_INSTRUCTION.to_owned())
+            ]
+        );
+        assert_eq!(base.messages.len(), 1, "the original is not changed");
+        // Nothing but whitespace: the request as it is.
+        let mut blank = base.clone();
+        ask(&mut blank, " \n", true);
+        assert_eq!(texts(&blank), texts(&base));
+    }
+
+    #[test]
+    fn the_callers_own_prefill_is_continued_and_a_tool_call_turn_is_not() {
+        let mut req = ChatRequest::new(
+            "m",
+            vec![Message::user("JSON please"), Message::assistant("{")],
+        );
+        ask(&mut req, "\"a\": 1", true);
+        assert_eq!(texts(&req)[1], (Role::Assistant, "{\"a\": 1".to_owned()));
+        assert_eq!(req.messages.len(), 2);
+        let mut called = Message::assistant("");
+        called.tool_calls.push(ToolCall {
+            id: "c".into(),
+            name: "f".into(),
+            arguments: "{}".into(),
+        });
+        let mut req = ChatRequest::new("m", vec![Message::user("Q"), called]);
+        ask(&mut req, "After the tool", true);
+        assert_eq!(req.messages.len(), 3);
+        assert!(req.messages[1].joined_text().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_bad_request_to_an_unprefilled_continuation_teaches_nothing() {
+        let prefill = Prefill::new(true);
+        let refuse = tower::service_fn(|_req: ChatRequest| async {
+            Err::<(), _>(Failure::new(FailureClass::BadRequest))
+        });
+        let svc = ContinuationLayer::new(prefill.clone()).layer(refuse);
+        // A partial answer of whitespace only is sent without prefill.
+        let mut req = ChatRequest::new("m", vec![Message::user("Q")]);
+        Continuation::new("  ").store(&mut req);
+        let err = svc.clone().oneshot(req).await.expect_err("refused");
+        assert!(err.is_bad_request());
+        assert!(prefill.is_supported() && !prefill.was_refused());
+        // An ordinary request is not a continuation.
+        let err = svc
+            .oneshot(ChatRequest::new("m", vec![Message::user("Q")]))
+            .await
+            .expect_err("refused");
+        assert_eq!(err.message(), None);
+        assert!(prefill.is_supported());
+    }
 }

@@ -73,6 +73,10 @@ impl Pristine {
     }
 }
 
+/// The most chunks of a continuation's head held while its repeat is
+/// decided (text-less chunks do not bring the decision closer).
+const MAX_HELD_CHUNKS: usize = 256;
+
 /// The call that makes a continuation's stream.
 type Next = Pin<Box<dyn Future<Output = Result<ChatStream, Failure>> + Send>>;
 
@@ -280,8 +284,13 @@ where
                     let ends_head = chunk.index != 0
                         || chunk.tool_call.is_some()
                         || chunk.finish_reason.is_some();
+                    // Chunks that carry no text (usage, empty deltas) are
+                    // held too, up to a count: then it is decided with the
+                    // text so far.
                     let decided = match decided {
-                        None if ends_head => Some(overlap.finish()),
+                        None if ends_head || this.held.len() + 1 >= MAX_HELD_CHUNKS => {
+                            Some(overlap.finish())
+                        }
                         d => d,
                     };
                     this.held.push_back(chunk);

@@ -533,3 +533,51 @@ impl<S: tower::Service<ChatRequest>> tower::Service<ChatRequest> for CountCalls<
         self.inner.call(req)
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_continuation_head_of_textless_chunks_is_held_only_up_to_a_bound() {
+    // "ab" may start a repeat of "ab ab" (from its start) as well as be
+    // one (its tail): undecided, then nothing but empty deltas, forever.
+    struct Endless(usize);
+    impl futures_core::Stream for Endless {
+        type Item = Item;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Item>> {
+            self.0 += 1;
+            assert!(self.0 < 1_000, "pulled far past the bound");
+            std::task::Poll::Ready(Some(if self.0 == 1 { text("ab") } else { text("") }))
+        }
+    }
+    let first = Script::new();
+    first.then("a", now(vec![text("ab ab"), cut()]));
+    let scripted = first.service("a");
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = calls.clone();
+    let provider = tower::service_fn(move |req: ChatRequest| {
+        let scripted = scripted.clone();
+        let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                return scripted.oneshot(req).await;
+            }
+            Ok(tower_llm_core::ChatStream::new("a", "m", Endless(0)))
+        }
+    });
+    let route = ServiceBuilder::new()
+        .layer(resume(1))
+        .layer(ContinuationLayer::new(Prefill::new(true)))
+        .service(provider);
+    let mut stream = route.oneshot(request()).await.expect("committed");
+    let mut items = Vec::new();
+    for _ in 0..2 {
+        let item = std::future::poll_fn(|cx| {
+            futures_core::Stream::poll_next(std::pin::Pin::new(&mut stream), cx)
+        })
+        .await;
+        items.push(item.expect("an item").expect("a chunk").text);
+    }
+    // The continuation's repeat ("ab") is trimmed; its empty deltas come.
+    assert_eq!(items, [Some("ab ab".to_owned()), Some(String::new())]);
+}
