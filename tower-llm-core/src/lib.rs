@@ -20,6 +20,9 @@
 //!   [`ChatChunk`]: provider-neutral chat types;
 //!   [`ChatStream`]: a streamed answer, returned at its commit point (the
 //!   first content frame).
+//! - [`Continuation`], [`Continued`]: opt-in recovery of a stream that
+//!   broke after its commit point (a continuation request's marker; how
+//!   often a stream was continued, and what served each piece).
 //! - [`layer`]: for authors of layers, not for programs that use them:
 //!   how the layers write the carrier and the attempt log (sealed
 //!   extension traits), the cross-layer contract they follow, the call's
@@ -57,6 +60,7 @@ mod call;
 mod chat;
 mod class;
 mod classify;
+mod continuation;
 mod cost;
 mod deadline;
 mod embed;
@@ -83,6 +87,7 @@ pub use classify::{
     ChatClassifier, Classify, HttpClassifier, Outcome, X_SHOULD_RETRY, classify_status,
     should_retry,
 };
+pub use continuation::Continuation;
 pub use cost::{Budget, BudgetHold, Cost, InvalidCost, InvalidPrice, Price, Tenant};
 pub use deadline::Deadline;
 pub use embed::{EmbeddingRequest, EmbeddingResponse};
@@ -95,5 +100,5 @@ pub use retry_after::{
     MAX_RETRY_AFTER, RETRY_AFTER_MS, parse_retry_after, parse_retry_after_ms, retry_after,
     retry_after_at,
 };
-pub use stream::{ChatStream, ChunkStream};
+pub use stream::{ChatStream, ChunkStream, Continued, ContinuedPiece};
 pub use telemetry::{GenAiMetrics, Metrics};

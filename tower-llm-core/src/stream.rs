@@ -1,19 +1,21 @@
 //! [`ChatStream`]: a streamed chat answer, as the streaming provider
-//! services return it.
+//! services return it, and [`Continued`]: how often it was continued
+//! after it broke.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::fmt;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_core::Stream;
 
 use crate::{
-    AttemptRecord, ChatChunk, ChatResponse, Choice, Failure, FinishReason, Link, RecordsAttempts,
-    ToolCall, Usage,
+    AttemptRecord, ChatChunk, ChatResponse, Choice, Failure, FailureClass, FinishReason, Link,
+    RecordsAttempts, ToolCall, Usage,
 };
 
 /// The boxed chunk stream inside a [`ChatStream`].
@@ -29,7 +31,10 @@ pub type ChunkStream = Pin<Box<dyn Stream<Item = Result<ChatChunk, Failure>> + S
 /// empty stream, no first frame within the first-token timeout) is an
 /// ordinary `Err` from the service, which retry, breaker and fallback treat
 /// exactly like a failed unary call. Once a `ChatStream` exists, the call
-/// is committed: nothing retries it and no other link replaces it.
+/// is committed: nothing retries it and no other link replaces it. That
+/// is the default; recovery after the commit point is an explicit choice
+/// (`tower-llm-resume`: a continuation spliced into the same stream,
+/// counted by [`continuations`](Self::continuations)).
 ///
 /// # Items
 ///
@@ -64,6 +69,8 @@ pub struct ChatStream {
     degraded: bool,
     idempotent_replayed: bool,
     attempts: Vec<AttemptRecord>,
+    /// Set by a layer that may continue the stream after it breaks.
+    continued: Option<Continued>,
 }
 
 impl ChatStream {
@@ -81,6 +88,7 @@ impl ChatStream {
             degraded: false,
             idempotent_replayed: false,
             attempts: Vec::new(),
+            continued: None,
         }
     }
 
@@ -150,6 +158,11 @@ impl ChatStream {
         &self.provider
     }
 
+    /// The provider, shared.
+    pub(crate) fn provider_arc(&self) -> &Arc<str> {
+        &self.provider
+    }
+
     /// The model that is streaming.
     pub fn model(&self) -> &str {
         &self.model
@@ -171,9 +184,41 @@ impl ChatStream {
         self.degraded
     }
 
-    /// Every attempt the call made up to the commit point.
+    /// Every attempt the call made up to the commit point. For a stream
+    /// that was continued after it broke, the first piece's: each
+    /// continuation's are in its [`continuations`](Self::continuations).
     pub fn attempts(&self) -> &[AttemptRecord] {
         &self.attempts
+    }
+
+    /// How often this stream was continued after it broke, so far, and
+    /// what served each continuation: a handle to read during or after
+    /// the stream's consumption (keep a clone before handing the stream
+    /// on). By default nothing continues a stream after its commit point
+    /// and the handle reads 0; a layer that opts in to recovery
+    /// (`tower-llm-resume`) attaches its own with
+    /// [`with_continuations`](Self::with_continuations). See
+    /// [`Continued`].
+    ///
+    /// ```
+    /// use tower_llm_core::{ChatStream, Continued};
+    ///
+    /// let stream = ChatStream::from_chunks("openai", "m", vec![]);
+    /// assert_eq!(stream.continuations().count(), 0);
+    /// let stream = stream.with_continuations(Continued::new());
+    /// assert!(stream.continuations().is_enabled());
+    /// ```
+    pub fn continuations(&self) -> Continued {
+        self.continued.clone().unwrap_or(Continued::NONE)
+    }
+
+    /// Attaches the handle through which a layer that may continue this
+    /// stream after it breaks reports each continuation (see
+    /// [`continuations`](Self::continuations)).
+    #[must_use]
+    pub fn with_continuations(mut self, continued: Continued) -> Self {
+        self.continued = Some(continued);
+        self
     }
 
     /// Reads the whole stream into one [`ChatResponse`]: text joined per
@@ -346,7 +391,181 @@ impl fmt::Debug for ChatStream {
             .field("degraded", &self.degraded)
             .field("idempotent_replayed", &self.idempotent_replayed)
             .field("attempts", &self.attempts.len())
+            .field(
+                "continued",
+                &self.continued.as_ref().map_or(0, Continued::count),
+            )
             .finish_non_exhaustive()
+    }
+}
+
+/// How often a stream was continued after it broke, and what served each
+/// continuation: a cheap, cloneable handle, read during or after the
+/// stream's consumption ([`ChatStream::continuations`]).
+///
+/// A stream that no layer may continue has a handle that always reads 0.
+/// A layer that continues streams makes one with [`Continued::new`],
+/// attaches it ([`ChatStream::with_continuations`]) and
+/// [`record`](Continued::record)s each continuation as it starts; a
+/// gateway reads [`count`](Continued::count) when the stream ends (the
+/// OpenAI and Anthropic SSE writers of `tower-llm-providers` then write a
+/// `: continued N` comment line).
+///
+/// The stream's own [`attempts`](ChatStream::attempts) are those of its
+/// first piece; [`pieces`](Continued::pieces) has the rest, one per
+/// continuation.
+///
+/// ```
+/// use tower_llm_core::{ChatStream, Continued, ContinuedPiece, FailureClass};
+///
+/// let handle = Continued::new();
+/// let stream = ChatStream::from_chunks("openai", "m", vec![]).with_continuations(handle.clone());
+/// assert_eq!(stream.continuations().count(), 0);
+/// // The layer that continues the stream, when it does:
+/// let piece = ChatStream::from_chunks("anthropic", "claude", vec![]);
+/// handle.record(ContinuedPiece::of(&piece, FailureClass::Transient));
+/// let seen = stream.continuations();
+/// assert_eq!(seen.count(), 1);
+/// assert_eq!(seen.pieces()[0].provider(), "anthropic");
+/// assert_eq!(seen.pieces()[0].cause(), FailureClass::Transient);
+/// // A stream nothing may continue reads 0.
+/// assert_eq!(ChatStream::from_chunks("openai", "m", vec![]).continuations().count(), 0);
+/// ```
+#[derive(Clone)]
+pub struct Continued {
+    shared: Option<Arc<Shared>>,
+}
+
+#[derive(Default)]
+struct Shared {
+    count: AtomicU32,
+    pieces: Mutex<Vec<ContinuedPiece>>,
+}
+
+impl Continued {
+    /// The handle of a stream nothing may continue: reads 0, records
+    /// nothing.
+    pub(crate) const NONE: Continued = Continued { shared: None };
+
+    /// A fresh handle, for a layer that may continue a stream.
+    pub fn new() -> Self {
+        Continued {
+            shared: Some(Arc::default()),
+        }
+    }
+
+    /// The continuations made so far.
+    pub fn count(&self) -> u32 {
+        self.shared
+            .as_ref()
+            .map_or(0, |s| s.count.load(Ordering::Acquire))
+    }
+
+    /// Records one continuation (the layer that continues the stream
+    /// does, when the continuation's stream has committed). Ignored by the
+    /// handle of a stream nothing may continue.
+    pub fn record(&self, piece: ContinuedPiece) {
+        if let Some(shared) = &self.shared {
+            // The lock is never held across an `.await`.
+            shared
+                .pieces
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(piece);
+            shared.count.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// A copy of every continuation's piece so far, in order.
+    pub fn pieces(&self) -> Vec<ContinuedPiece> {
+        self.shared.as_ref().map_or_else(Vec::new, |s| {
+            s.pieces
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+        })
+    }
+
+    /// `true` when a layer may continue the stream (the handle was made by
+    /// [`Continued::new`]).
+    pub fn is_enabled(&self) -> bool {
+        self.shared.is_some()
+    }
+}
+
+impl Default for Continued {
+    /// A fresh handle ([`Continued::new`]).
+    fn default() -> Self {
+        Continued::new()
+    }
+}
+
+impl fmt::Debug for Continued {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Continued")
+            .field("enabled", &self.is_enabled())
+            .field("count", &self.count())
+            .finish()
+    }
+}
+
+/// One continuation of a stream: what served it, why it was needed, and
+/// the attempts its call made (a continuation is a call of its own
+/// through the route's chain).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContinuedPiece {
+    provider: Arc<str>,
+    model: String,
+    fallback_position: u8,
+    time_to_first_chunk: Duration,
+    cause: FailureClass,
+    attempts: Vec<AttemptRecord>,
+}
+
+impl ContinuedPiece {
+    /// The piece served by `stream` (its provider, model, fallback
+    /// position, time to first chunk and attempt records), continuing
+    /// after a failure of class `cause`.
+    pub fn of(stream: &ChatStream, cause: FailureClass) -> Self {
+        ContinuedPiece {
+            provider: stream.provider_arc().clone(),
+            model: stream.model().to_owned(),
+            fallback_position: stream.fallback_position(),
+            time_to_first_chunk: stream.time_to_first_chunk(),
+            cause,
+            attempts: stream.attempts().to_vec(),
+        }
+    }
+
+    /// The provider that served the continuation.
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// The model that served the continuation.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Position in the fallback chain of the link that served it.
+    pub fn fallback_position(&self) -> u8 {
+        self.fallback_position
+    }
+
+    /// Time from sending the continuation request to its first content
+    /// frame.
+    pub fn time_to_first_chunk(&self) -> Duration {
+        self.time_to_first_chunk
+    }
+
+    /// The class of the failure that broke the stream before this piece.
+    pub fn cause(&self) -> FailureClass {
+        self.cause
+    }
+
+    /// The attempts of the continuation's call.
+    pub fn attempts(&self) -> &[AttemptRecord] {
+        &self.attempts
     }
 }
 
@@ -378,7 +597,7 @@ impl Stream for Iter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{FailureClass, ToolCallDelta};
+    use crate::{AttemptOutcome, ToolCallDelta};
 
     fn text(t: &str) -> Result<ChatChunk, Failure> {
         Ok(ChatChunk {
@@ -536,5 +755,51 @@ mod tests {
         assert_eq!(s.fallback_position(), 2);
         assert!(s.is_degraded());
         assert!(format!("{s:?}").contains("ChatStream"));
+    }
+
+    #[test]
+    fn a_handle_counts_and_keeps_each_pieces_records() {
+        let handle = Continued::new();
+        let mut piece = ChatStream::from_chunks("bedrock", "claude", vec![]);
+        let record = AttemptRecord::new(
+            &Link::new("bedrock", "claude").with_position(1),
+            1,
+            AttemptOutcome::Succeeded,
+            Duration::from_millis(3),
+        );
+        piece.record_attempts(vec![record.clone()]);
+        piece.record_served_by(&Link::new("bedrock", "claude").with_position(1));
+        handle.record(ContinuedPiece::of(&piece, FailureClass::Timeout));
+        handle.record(ContinuedPiece::of(&piece, FailureClass::Transient));
+        let clone = handle.clone();
+        assert_eq!(clone.count(), 2);
+        let pieces = clone.pieces();
+        assert_eq!(pieces.len(), 2);
+        assert_eq!(pieces[0].attempts(), std::slice::from_ref(&record));
+        assert_eq!(
+            (pieces[0].cause(), pieces[1].cause()),
+            (FailureClass::Timeout, FailureClass::Transient)
+        );
+        assert_eq!(
+            (pieces[0].model(), pieces[0].fallback_position()),
+            ("claude", 1)
+        );
+        assert_eq!(
+            format!("{clone:?}"),
+            "Continued { enabled: true, count: 2 }"
+        );
+    }
+
+    #[test]
+    fn the_handle_of_a_stream_nothing_continues_reads_zero() {
+        let none = Continued::NONE;
+        none.record(ContinuedPiece::of(
+            &ChatStream::from_chunks("a", "b", vec![]),
+            FailureClass::Transient,
+        ));
+        assert_eq!(
+            (none.count(), none.pieces().len(), none.is_enabled()),
+            (0, 0, false)
+        );
     }
 }

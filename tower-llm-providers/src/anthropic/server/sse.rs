@@ -25,7 +25,11 @@ use super::response::{UsageBody, stop_reason, tool_id};
 ///    another tool call, closes the open block;
 /// 3. `message_delta` (`stop_reason`, as [`write_response`](super::write_response)
 ///    names it, and the usage: `output_tokens`, and `input_tokens` and
-///    `cache_read_input_tokens` once known) and `message_stop`.
+///    `cache_read_input_tokens` once known) and `message_stop`. A stream
+///    that was continued after it broke (see
+///    [`ChatStream::continuations`]) says so just before `message_stop`
+///    with an SSE comment line, `: continued N` (N continuations), which
+///    SSE clients ignore.
 ///
 /// Usage reported in parts (Anthropic: input first, output last; OpenAI:
 /// all at the end) keeps every count. A failure after the commit point is
@@ -240,6 +244,7 @@ impl SseFrames {
                 usage,
             },
         );
+        write_continued(out, &self.stream);
         write_event(out, "message_stop", &Event::MessageStop);
     }
 }
@@ -292,6 +297,15 @@ impl futures_core::Stream for SseFrames {
             }
         }
         Poll::Ready(Some(bytes::Bytes::from(out)))
+    }
+}
+
+/// `: continued N\n\n` when `stream` was continued N > 0 times: an SSE
+/// comment, ignored by clients, for those who look.
+fn write_continued(out: &mut Vec<u8>, stream: &ChatStream) {
+    let n = stream.continuations().count();
+    if n > 0 {
+        out.extend_from_slice(format!(": continued {n}\n\n").as_bytes());
     }
 }
 

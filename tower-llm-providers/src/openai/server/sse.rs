@@ -12,7 +12,10 @@ use super::response::write_chunk_event;
 /// when the client asked for it ([`wants_usage`](super::wants_usage)), as OpenAI does; a
 /// clean end is `data: [DONE]`, a failure after the commit point one
 /// [`sse_error_event`] and no `[DONE]`. Chunks with nothing but usage
-/// send no frame.
+/// send no frame. A stream that was continued after it broke (see
+/// [`ChatStream::continuations`](tower_llm_core::ChatStream::continuations))
+/// says so just before `[DONE]` with an SSE comment line,
+/// `: continued N` (N continuations), which SSE clients ignore.
 ///
 /// ```
 /// # use std::pin::Pin;
@@ -129,11 +132,21 @@ impl futures_core::Stream for SseFrames {
                             false,
                         );
                     }
+                    write_continued(&mut out, &this.stream);
                     out.extend_from_slice(b"data: [DONE]\n\n");
                     break out;
                 }
             }
         };
         Poll::Ready(Some(bytes::Bytes::from(frame)))
+    }
+}
+
+/// `: continued N\n\n` when `stream` was continued N > 0 times: an SSE
+/// comment, ignored by clients, for those who look.
+fn write_continued(out: &mut Vec<u8>, stream: &tower_llm_core::ChatStream) {
+    let n = stream.continuations().count();
+    if n > 0 {
+        out.extend_from_slice(format!(": continued {n}\n\n").as_bytes());
     }
 }
