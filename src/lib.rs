@@ -144,6 +144,12 @@ pub mod hedge {
     };
 }
 
+/// Streams rescued after their first token, and streams held until
+/// complete ([`tower_llm_resume`]; see [`guide::recovery`]).
+pub mod resume {
+    pub use tower_llm_resume::*;
+}
+
 /// Cost budgets and tenant quotas ([`tower_llm_cost`]).
 pub mod cost {
     pub use tower_llm_cost::{

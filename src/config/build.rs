@@ -20,6 +20,7 @@ use tower_llm_fallback::{FallbackLayer, LinkSpec};
 use tower_llm_hedge::{HedgeConfig, HedgeLayer};
 use tower_llm_idempotency::IdempotencyLayer;
 use tower_llm_idempotency::IdempotentAnswer;
+use tower_llm_resume::{CompleteLayer, ContinuationLayer, Prefill, ResumeConfig, ResumeLayer};
 use tower_llm_retry::{RetryConfig, RetryLayer};
 
 use crate::ServiceBuilderExt;
@@ -39,6 +40,34 @@ pub trait RouteAnswer: RecordsAttempts + Send + 'static {
 
     /// `true` for a degraded answer.
     fn is_degraded(&self) -> bool;
+
+    /// `svc` (a route's fallback chain) behind the resume layer of the
+    /// route's `resume`: a stream broken after its first token is
+    /// continued. Default: `svc` as it is (only streams are continued).
+    ///
+    /// # Errors
+    ///
+    /// Settings the resume layer refuses.
+    fn resumed(
+        svc: RouteService<Self>,
+        config: ResumeConfig,
+    ) -> Result<RouteService<Self>, ConfigError>
+    where
+        Self: Sized,
+    {
+        let _ = config;
+        Ok(svc)
+    }
+
+    /// `svc` (a provider's service) held until complete by `layer`.
+    /// Default: `svc` as it is (only streams are held).
+    fn held(svc: RouteService<Self>, layer: &CompleteLayer) -> RouteService<Self>
+    where
+        Self: Sized,
+    {
+        let _ = layer;
+        svc
+    }
 }
 
 impl RouteAnswer for ChatResponse {
@@ -80,7 +109,24 @@ impl RouteAnswer for ChatStream {
     fn is_degraded(&self) -> bool {
         ChatStream::is_degraded(self)
     }
+
+    fn resumed(
+        svc: RouteService<Self>,
+        config: ResumeConfig,
+    ) -> Result<RouteService<Self>, ConfigError> {
+        let layer =
+            ResumeLayer::new(config).map_err(|e| ConfigError::new(format!("resume: {e}")))?;
+        Ok(BoxCloneSyncService::new(layer.layer(svc)))
+    }
+
+    fn held(svc: RouteService<Self>, layer: &CompleteLayer) -> RouteService<Self> {
+        BoxCloneSyncService::new(layer.clone().layer(svc))
+    }
 }
+
+/// The request header with which a client asks for its stream to be held
+/// until complete (`x-llm-complete: true`), with `[complete]`.
+pub const COMPLETE_HEADER: &str = "x-llm-complete";
 
 /// The hedge budgets of a policy's links, so each link has one budget
 /// whatever builds it.
@@ -267,6 +313,26 @@ impl Policy {
         let fresh = Pools::new();
         let pacers = pacers.unwrap_or(&fresh);
         let r = self.resolve(route)?;
+        // Complete-or-fail: every stream of the route, or those whose
+        // request asks (`[complete]`), held at each provider service.
+        let complete = match (route.complete, self.complete) {
+            (Some(config), _) => Some(CompleteLayer::new(config).map_err(|e| {
+                ConfigError::new(format!("route \"{}\": complete: {e}", route.model))
+            })?),
+            (None, Some(config)) => Some(
+                CompleteLayer::new(config)
+                    .map_err(|e| ConfigError::new(format!("complete: {e}")))?
+                    .when(asks_complete),
+            ),
+            (None, None) => None,
+        };
+        let mut provider = |p: &ProviderConfig, link: &LinkConfig| {
+            let svc = provider(p, link);
+            match &complete {
+                Some(layer) => Res::held(svc, layer),
+                None => svc,
+            }
+        };
         let min_attempt = r
             .retry
             .min_attempt_ms
@@ -429,6 +495,20 @@ impl Policy {
                     }
                 }
             };
+            // A continued stream asks this link for the rest, with a
+            // prefill where its model takes one.
+            let svc = match route.resume {
+                None => svc,
+                Some(_) => {
+                    let prefill = link.prefill.unwrap_or_else(|| {
+                        self.provider(&link.provider)
+                            .is_some_and(|p| p.kind == super::ProviderKind::Anthropic)
+                    });
+                    BoxCloneSyncService::new(
+                        ContinuationLayer::new(Prefill::new(prefill)).layer(svc),
+                    )
+                }
+            };
             let mut spec =
                 LinkSpec::new(link.provider.as_str(), link.model.as_str()).rewrite_model();
             if link.long_context {
@@ -476,6 +556,11 @@ impl Policy {
                     .llm_fallback(fallback)
                     .service(primary),
             ),
+        };
+        let chain = match route.resume {
+            Some(config) => Res::resumed(chain, config)
+                .map_err(|e| ConfigError::new(format!("route \"{}\": {e}", route.model)))?,
+            None => chain,
         };
         let tenants = quota.is_some();
         let svc = BoxCloneSyncService::new(
@@ -651,6 +736,15 @@ pub(super) fn tenant_header(req: &ChatRequest) -> Option<Vec<u8>> {
             .as_bytes()
             .to_vec(),
     )
+}
+
+/// `true` when the request's inbound headers ask for its stream to be
+/// held until complete ([`COMPLETE_HEADER`]: `true`).
+fn asks_complete(req: &ChatRequest) -> bool {
+    req.extensions
+        .get::<InboundHeaders>()
+        .and_then(|h| h.0.get(COMPLETE_HEADER))
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
 }
 
 /// `svc`, whose degraded answers go only to requests `rule` admits; the

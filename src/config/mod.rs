@@ -82,7 +82,9 @@ mod route;
 mod tests;
 mod validate;
 
-pub use build::{BuildContext, HedgeBudgets, RouteAnswer, TENANT_HEADER, TenantHeader};
+pub use build::{
+    BuildContext, COMPLETE_HEADER, HedgeBudgets, RouteAnswer, TENANT_HEADER, TenantHeader,
+};
 pub use error::ConfigError;
 pub use keys::{KeyPart, PolicyKey};
 pub use load::HostSettings;
@@ -152,6 +154,13 @@ pub struct Policy {
     /// absent (the default), no idempotency layer is built.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency: Option<IdempotencyConfig>,
+    /// `[complete]`: hold the streams of requests that carry
+    /// `x-llm-complete: true` until complete, on every route
+    /// ([`CompleteConfig`](tower_llm_resume::CompleteConfig): `max_bytes`,
+    /// `max_ms`); a route's own `complete` holds all of its streams.
+    /// Absent (the default): the header is ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub complete: Option<tower_llm_resume::CompleteConfig>,
     /// `[prices.PROVIDER."MODEL"]`: what a provider's model costs, in
     /// dollars per million tokens (a [`Price`]: `input`, `output`,
     /// `cached_input`). A priced link reports each attempt's cost (on its

@@ -11,10 +11,11 @@ use tower_llm_core::{
     FailureClass, GenAiMetrics,
 };
 use tower_llm_providers::StreamTimeouts;
+use tower_llm_providers::dialect::Dialect;
 use tower_llm_providers::{
     Anthropic, AnthropicConfig, ApiKey, AwsCredentials, AzureOpenAi, AzureOpenAiConfig,
     AzureOpenAiEmbeddings, Bedrock, BedrockConfig, Gemini, GeminiConfig, OpenAi, OpenAiConfig,
-    OpenAiEmbeddings, RequestBody,
+    OpenAiEmbeddings, Provider, RequestBody, SilenceGuards,
 };
 
 use super::{ConfigError, LinkConfig};
@@ -36,7 +37,7 @@ pub enum ProviderKind {
 }
 
 /// One `[[providers]]` entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
     /// `name`: how chains refer to it, and its metric and breaker label.
@@ -87,6 +88,15 @@ pub struct ProviderConfig {
     /// require (OpenAI and Azure; default false).
     #[serde(default)]
     pub max_completion_tokens: bool,
+    /// `silence`: opt-in guards against a silent or garbled upstream
+    /// ([`SilenceGuards`](tower_llm_providers::SilenceGuards):
+    /// `head_timeout_ms`, the time to the response head; `learned_first_token`,
+    /// a first-token limit learned from this provider's own time to first
+    /// token; `malformed_chunks`, `"fail"` (default) or `"skip"` for an
+    /// unreadable event after a stream's first token). Default: none, the
+    /// fixed `first_token_timeout_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silence: Option<tower_llm_providers::SilenceGuards>,
     /// `rpm`: this provider's requests per minute (its key's or
     /// deployment's limit): calls through a `[[pools]]` entry are paced
     /// under it (default: none; a provider's own rate-limit headers still
@@ -202,6 +212,7 @@ impl ProviderConfig {
                 .idle_timeout_ms
                 .map_or(timeouts.idle, Duration::from_millis),
         };
+        let guards = self.silence.clone().unwrap_or_default();
         let missing_key = || ConfigError::new(format!("provider \"{}\": no API key", self.name));
         let mut embeddings: Option<EmbeddingService> = None;
         let (chat, streaming): (RouteService<ChatResponse>, RouteService<ChatStream>) =
@@ -217,10 +228,7 @@ impl ProviderConfig {
                         config.clone(),
                     )));
                     let p = OpenAi::new(transport, config).with_metrics(genai.clone());
-                    (
-                        BoxCloneSyncService::new(p.clone()),
-                        BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
-                    )
+                    services_of(p, timeouts, &guards, &self.name)?
                 }
                 ProviderKind::Anthropic => {
                     let mut config = AnthropicConfig::new(key.ok_or_else(missing_key)?);
@@ -228,10 +236,7 @@ impl ProviderConfig {
                         config = config.with_base_url(url);
                     }
                     let p = Anthropic::new(transport, config).with_metrics(genai.clone());
-                    (
-                        BoxCloneSyncService::new(p.clone()),
-                        BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
-                    )
+                    services_of(p, timeouts, &guards, &self.name)?
                 }
                 ProviderKind::Azure => {
                     // Validated: an Azure provider has its endpoint.
@@ -246,10 +251,7 @@ impl ProviderConfig {
                         config.clone(),
                     )));
                     let p = AzureOpenAi::new(transport, config).with_metrics(genai.clone());
-                    (
-                        BoxCloneSyncService::new(p.clone()),
-                        BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
-                    )
+                    services_of(p, timeouts, &guards, &self.name)?
                 }
                 ProviderKind::Gemini => {
                     let mut config = GeminiConfig::new(key.ok_or_else(missing_key)?);
@@ -257,10 +259,7 @@ impl ProviderConfig {
                         config = config.with_base_url(url);
                     }
                     let p = Gemini::new(transport, config).with_metrics(genai.clone());
-                    (
-                        BoxCloneSyncService::new(p.clone()),
-                        BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
-                    )
+                    services_of(p, timeouts, &guards, &self.name)?
                 }
                 ProviderKind::Bedrock => {
                     let credentials = AwsCredentials::from_env().ok_or_else(|| {
@@ -275,10 +274,7 @@ impl ProviderConfig {
                         config = config.with_endpoint(url);
                     }
                     let p = Bedrock::new(transport, config).with_metrics(genai.clone());
-                    (
-                        BoxCloneSyncService::new(p.clone()),
-                        BoxCloneSyncService::new(p.streaming().with_timeouts(timeouts)),
-                    )
+                    services_of(p, timeouts, &guards, &self.name)?
                 }
             };
         Ok(match bulkhead {
@@ -294,6 +290,48 @@ impl ProviderConfig {
             },
         })
     }
+}
+
+/// A provider's unary and streaming services, with its `silence` guards
+/// (a head timeout on both; a learned first-token limit and the
+/// malformed-chunk rule on the stream).
+fn services_of<D, T, B>(
+    p: Provider<D, T>,
+    timeouts: StreamTimeouts,
+    guards: &SilenceGuards,
+    name: &str,
+) -> Result<(RouteService<ChatResponse>, RouteService<ChatStream>), ConfigError>
+where
+    D: Dialect,
+    T: tower::Service<http::Request<RequestBody>, Response = http::Response<B>>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    T::Future: Send + 'static,
+    T::Error: Into<BoxError>,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let p = match guards.head_timeout() {
+        Some(limit) => p.with_head_timeout(limit),
+        None => p,
+    };
+    let mut streaming = p
+        .clone()
+        .streaming()
+        .with_timeouts(timeouts)
+        .with_malformed_chunks(guards.malformed_chunks);
+    if let Some(limit) = guards
+        .first_token_limit()
+        .map_err(|e| ConfigError::new(format!("provider \"{name}\": silence: {e}")))?
+    {
+        streaming = streaming.with_learned_first_token(limit);
+    }
+    Ok((
+        BoxCloneSyncService::new(p),
+        BoxCloneSyncService::new(streaming),
+    ))
 }
 
 /// `svc` behind a shared semaphore, shedding calls that find it full.

@@ -59,6 +59,14 @@ pub struct LinkConfig {
     /// (`skipped_by_policy` in the attempt log). Default: every request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admit: Option<AdmitRule>,
+    /// `prefill`: this link's model accepts an assistant message as the
+    /// last one (a prefill), so a continued stream (the route's `resume`)
+    /// asks it to go on from the partial answer itself; without, the
+    /// partial answer is followed by an instruction to continue. Default:
+    /// true for `anthropic` providers, false for the others; a refusal is
+    /// learned (the continuation is sent again without prefill).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<bool>,
     /// `requires_verification`: an answer served by this link is flagged
     /// for the caller to verify (the gateway sends
     /// `x-llm-requires-verification: true`; default false).
@@ -91,6 +99,7 @@ impl LinkConfig {
             long_context: false,
             filtered_content: false,
             admit: None,
+            prefill: None,
             requires_verification: false,
             hedge: None,
             hedge_to: None,
@@ -271,6 +280,21 @@ pub struct RouteConfig {
     /// `max_total_cost` or `[quotas]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u32>,
+    /// `resume`: continue a stream that breaks after its first token
+    /// (cut, stall, malformed chunk) on the same or the next link, with no
+    /// text duplicated or missing ([`ResumeConfig`](tower_llm_resume::ResumeConfig):
+    /// `max_continuations`, `max_partial_bytes`; default: off, a broken
+    /// stream ends with its error, as seed 000 says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<tower_llm_resume::ResumeConfig>,
+    /// `complete`: hold every stream of this route until it is complete
+    /// ([`CompleteConfig`](tower_llm_resume::CompleteConfig): `max_bytes`,
+    /// `max_ms`), so a stream that breaks is retried or failed over like
+    /// a failure before its first token; past either cap it streams on.
+    /// Default: off (the top-level `[complete]` holds only the streams of
+    /// requests that ask, with `x-llm-complete: true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub complete: Option<tower_llm_resume::CompleteConfig>,
     /// `health_ordering_ms`: when failing over, try the alternates
     /// healthiest first by their success rate and latency over this window
     /// (`FallbackBuilder::with_health_ordering`; default off: the written
@@ -325,6 +349,8 @@ impl RouteConfig {
             chain,
             max_total_cost: None,
             max_output_tokens: None,
+            resume: None,
+            complete: None,
             health_ordering_ms: None,
             degraded: None,
             degraded_admit: None,

@@ -47,7 +47,13 @@ impl Policy {
             p.push(format!("stream.{e}"));
         }
         let mut names = HashSet::new();
+        if let Some(Err(e)) = self.complete.as_ref().map(|c| c.validate()) {
+            p.push(format!("complete: {e}"));
+        }
         for provider in &self.providers {
+            if let Some(Err(e)) = provider.silence.as_ref().map(|g| g.validate()) {
+                p.push(format!("provider \"{}\": silence: {e}", provider.name));
+            }
             if provider.name.is_empty() {
                 p.push("a provider has an empty name".to_owned());
             }
@@ -171,6 +177,12 @@ impl Policy {
                     "route \"{}\": deadline_ms must be above 0",
                     route.model
                 ));
+            }
+            if let Some(Err(e)) = route.resume.as_ref().map(|c| c.validate()) {
+                p.push(format!("route \"{}\": resume: {e}", route.model));
+            }
+            if let Some(Err(e)) = route.complete.as_ref().map(|c| c.validate()) {
+                p.push(format!("route \"{}\": complete: {e}", route.model));
             }
             if let Some(Err(e)) = route.hedge.as_ref().map(HedgeConfig::validate) {
                 p.push(format!("route \"{}\": hedge: {e}", route.model));

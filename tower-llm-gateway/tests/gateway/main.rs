@@ -17,6 +17,7 @@ mod models;
 mod named_policies;
 mod pool_limits;
 mod pools;
+mod recovery;
 mod reload_on_signal;
 mod status_page;
 mod transport;
