@@ -191,8 +191,9 @@ pub mod providers {
     pub use tower_llm_providers::{
         AZURE_API_VERSION, Anthropic, AnthropicConfig, ApiKey, AwsCredentials, AzureOpenAi,
         AzureOpenAiConfig, AzureOpenAiEmbeddings, Bedrock, BedrockConfig, DEFAULT_MAX_BODY,
-        Dialect, EmbeddingDialect, Embeddings, EmbeddingsFuture, Gemini, GeminiConfig, MAX_MESSAGE,
-        OpenAi, OpenAiConfig, OpenAiEmbeddings, Provider, ProviderFuture, RequestBody,
+        Dialect, EmbeddingDialect, Embeddings, EmbeddingsFuture, FirstTokenLimit,
+        FirstTokenLimitConfig, Gemini, GeminiConfig, MAX_MESSAGE, MalformedChunks, OpenAi,
+        OpenAiConfig, OpenAiEmbeddings, Provider, ProviderFuture, RequestBody, SilenceGuards,
         StreamFuture, StreamSource, StreamTimeouts, Streaming, anthropic, azure, bedrock, dialect,
         gemini, openai, stream, streaming,
     };

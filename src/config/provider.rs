@@ -14,8 +14,8 @@ use tower_llm_providers::StreamTimeouts;
 use tower_llm_providers::dialect::Dialect;
 use tower_llm_providers::{
     Anthropic, AnthropicConfig, ApiKey, AwsCredentials, AzureOpenAi, AzureOpenAiConfig,
-    AzureOpenAiEmbeddings, Bedrock, BedrockConfig, Gemini, GeminiConfig, OpenAi, OpenAiConfig,
-    OpenAiEmbeddings, Provider, RequestBody, SilenceGuards,
+    AzureOpenAiEmbeddings, Bedrock, BedrockConfig, FirstTokenLimit, Gemini, GeminiConfig, OpenAi,
+    OpenAiConfig, OpenAiEmbeddings, Provider, RequestBody, SilenceGuards,
 };
 
 use super::{ConfigError, LinkConfig};
@@ -176,11 +176,30 @@ impl ProviderConfig {
             .map(|n| Arc::new(tokio::sync::Semaphore::new(n)))
     }
 
+    /// A fresh learned first-token limit of this provider's
+    /// `silence.learned_first_token`, if it has one. Keep it across
+    /// reloads (pass it to [`services_keeping`](Self::services_keeping)
+    /// again) so what it learned survives them.
+    ///
+    /// # Errors
+    ///
+    /// Settings the limit refuses (never for a validated policy).
+    pub fn first_token_limit(&self) -> Result<Option<FirstTokenLimit>, ConfigError> {
+        match &self.silence {
+            None => Ok(None),
+            Some(guards) => guards
+                .first_token_limit()
+                .map_err(|e| ConfigError::new(format!("provider \"{}\": silence: {e}", self.name))),
+        }
+    }
+
     /// The provider's unary and streaming services over `transport`,
     /// behind `bulkhead` if given (see [`bulkhead`](Self::bulkhead)): a
     /// call that finds it full is shed at once with a circuit-open-class
     /// failure, which fails over without counting against the breaker. (A
-    /// stream holds its permit up to its commit point.)
+    /// stream holds its permit up to its commit point.) A learned
+    /// first-token limit (`silence.learned_first_token`) starts fresh: see
+    /// [`services_keeping`](Self::services_keeping) to keep one.
     ///
     /// # Errors
     ///
@@ -192,6 +211,38 @@ impl ProviderConfig {
         timeouts: StreamTimeouts,
         genai: &GenAiMetrics,
         bulkhead: Option<Arc<tokio::sync::Semaphore>>,
+    ) -> Result<ProviderServices, ConfigError>
+    where
+        T: tower::Service<http::Request<RequestBody>, Response = http::Response<B>>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        T::Future: Send + 'static,
+        T::Error: Into<BoxError>,
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let first_token = self.first_token_limit()?;
+        self.services_keeping(key, transport, timeouts, genai, bulkhead, first_token)
+    }
+
+    /// As [`services`](Self::services), the stream's learned first-token
+    /// limit being `first_token` (from
+    /// [`first_token_limit`](Self::first_token_limit), kept across
+    /// reloads) when the provider's `silence` asks for one.
+    ///
+    /// # Errors
+    ///
+    /// As [`services`](Self::services).
+    pub fn services_keeping<T, B>(
+        &self,
+        key: Option<ApiKey>,
+        transport: T,
+        timeouts: StreamTimeouts,
+        genai: &GenAiMetrics,
+        bulkhead: Option<Arc<tokio::sync::Semaphore>>,
+        first_token: Option<FirstTokenLimit>,
     ) -> Result<ProviderServices, ConfigError>
     where
         T: tower::Service<http::Request<RequestBody>, Response = http::Response<B>>
@@ -228,7 +279,7 @@ impl ProviderConfig {
                         config.clone(),
                     )));
                     let p = OpenAi::new(transport, config).with_metrics(genai.clone());
-                    services_of(p, timeouts, &guards, &self.name)?
+                    services_of(p, timeouts, &guards, first_token.clone())
                 }
                 ProviderKind::Anthropic => {
                     let mut config = AnthropicConfig::new(key.ok_or_else(missing_key)?);
@@ -236,7 +287,7 @@ impl ProviderConfig {
                         config = config.with_base_url(url);
                     }
                     let p = Anthropic::new(transport, config).with_metrics(genai.clone());
-                    services_of(p, timeouts, &guards, &self.name)?
+                    services_of(p, timeouts, &guards, first_token.clone())
                 }
                 ProviderKind::Azure => {
                     // Validated: an Azure provider has its endpoint.
@@ -251,7 +302,7 @@ impl ProviderConfig {
                         config.clone(),
                     )));
                     let p = AzureOpenAi::new(transport, config).with_metrics(genai.clone());
-                    services_of(p, timeouts, &guards, &self.name)?
+                    services_of(p, timeouts, &guards, first_token.clone())
                 }
                 ProviderKind::Gemini => {
                     let mut config = GeminiConfig::new(key.ok_or_else(missing_key)?);
@@ -259,7 +310,7 @@ impl ProviderConfig {
                         config = config.with_base_url(url);
                     }
                     let p = Gemini::new(transport, config).with_metrics(genai.clone());
-                    services_of(p, timeouts, &guards, &self.name)?
+                    services_of(p, timeouts, &guards, first_token.clone())
                 }
                 ProviderKind::Bedrock => {
                     let credentials = AwsCredentials::from_env().ok_or_else(|| {
@@ -274,7 +325,7 @@ impl ProviderConfig {
                         config = config.with_endpoint(url);
                     }
                     let p = Bedrock::new(transport, config).with_metrics(genai.clone());
-                    services_of(p, timeouts, &guards, &self.name)?
+                    services_of(p, timeouts, &guards, first_token.clone())
                 }
             };
         Ok(match bulkhead {
@@ -299,8 +350,8 @@ fn services_of<D, T, B>(
     p: Provider<D, T>,
     timeouts: StreamTimeouts,
     guards: &SilenceGuards,
-    name: &str,
-) -> Result<(RouteService<ChatResponse>, RouteService<ChatStream>), ConfigError>
+    first_token: Option<FirstTokenLimit>,
+) -> (RouteService<ChatResponse>, RouteService<ChatStream>)
 where
     D: Dialect,
     T: tower::Service<http::Request<RequestBody>, Response = http::Response<B>>
@@ -322,16 +373,13 @@ where
         .streaming()
         .with_timeouts(timeouts)
         .with_malformed_chunks(guards.malformed_chunks);
-    if let Some(limit) = guards
-        .first_token_limit()
-        .map_err(|e| ConfigError::new(format!("provider \"{name}\": silence: {e}")))?
-    {
+    if let Some(limit) = first_token.filter(|_| guards.learned_first_token.is_some()) {
         streaming = streaming.with_learned_first_token(limit);
     }
-    Ok((
+    (
         BoxCloneSyncService::new(p),
         BoxCloneSyncService::new(streaming),
-    ))
+    )
 }
 
 /// `svc` behind a shared semaphore, shedding calls that find it full.

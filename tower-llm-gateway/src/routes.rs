@@ -16,6 +16,7 @@ use tower_llm::config::{
 use tower_llm::cost::{CostAnswer, QuotaStore};
 use tower_llm::idempotency::{IdempotencyLayer, IdempotentAnswer};
 use tower_llm::pool::{ObserveRateLimitsLayer, PoolAnswer};
+use tower_llm::providers::{FirstTokenLimit, FirstTokenLimitConfig};
 use tower_llm::{
     ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, GenAiMetrics, Metrics,
 };
@@ -61,6 +62,9 @@ pub(crate) struct RouteInfo {
 /// Bulkheads by provider name, with their limit.
 pub(crate) type Bulkheads = Mutex<HashMap<String, (usize, Arc<tokio::sync::Semaphore>)>>;
 
+/// Learned first-token limits by provider name, with their settings.
+pub(crate) type FirstTokens = Mutex<HashMap<String, (FirstTokenLimitConfig, FirstTokenLimit)>>;
+
 /// Builds every route of `policy`; each provider once, shared by routes.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn build(
@@ -75,6 +79,7 @@ pub(crate) fn build(
     transport: &Transport,
     keys: &KeySource,
     bulkheads: &Bulkheads,
+    first_tokens: &FirstTokens,
     pacers: &Pools,
 ) -> Result<Routes, ConfigError> {
     // Each provider once, and once more for each distinct set of link
@@ -104,6 +109,28 @@ pub(crate) fn build(
                 }
             }
         });
+        // What a learned first-token limit learned survives a reload
+        // while its settings are unchanged.
+        let first_token = match provider
+            .silence
+            .as_ref()
+            .and_then(|g| g.learned_first_token.clone())
+        {
+            None => None,
+            Some(config) => {
+                let mut kept = first_tokens.lock().unwrap_or_else(PoisonError::into_inner);
+                match kept.get(&provider.name) {
+                    Some((c, limit)) if *c == config => Some(limit.clone()),
+                    _ => {
+                        let limit = provider.first_token_limit()?;
+                        if let Some(limit) = &limit {
+                            kept.insert(provider.name.clone(), (config, limit.clone()));
+                        }
+                        limit
+                    }
+                }
+            }
+        };
         // A provider or link with its own connect timeout gets its own pool.
         let transport = match provider.connect_timeout() {
             Some(limit) => connect_with(limit),
@@ -120,9 +147,16 @@ pub(crate) fn build(
                 &ObserveRateLimitsLayer::new(pacers.of(&provider)),
                 transport,
             );
-            provider.services(key, observed, policy.stream, genai, bulkhead)?
+            provider.services_keeping(key, observed, policy.stream, genai, bulkhead, first_token)?
         } else {
-            provider.services(key, transport, policy.stream, genai, bulkhead)?
+            provider.services_keeping(
+                key,
+                transport,
+                policy.stream,
+                genai,
+                bulkhead,
+                first_token,
+            )?
         };
         services.push((provider, built));
     }

@@ -14,7 +14,7 @@ use tower_llm::idempotency::IdempotencyLayer;
 use tower_llm::{GenAiMetrics, Metrics};
 
 use crate::config::{GatewayConfig, ServerPolicy};
-use crate::routes::{Bulkheads, KeySource, Routes, build};
+use crate::routes::{Bulkheads, FirstTokens, KeySource, Routes, build};
 use crate::stores::{
     Breakers, IdempotencyKey, RunningPacing, RunningQuota, circuit_gauge, idempotency_of, lock,
     pacing_of, quota_of,
@@ -69,6 +69,9 @@ pub struct Gateway {
     /// Each provider's bulkhead, kept across reloads while its limit is
     /// unchanged, so calls in flight keep counting.
     pub(crate) bulkheads: Bulkheads,
+    /// Each provider's learned first-token limit (`silence`), kept across
+    /// reloads while its settings are unchanged, so what it learned stays.
+    pub(crate) first_tokens: FirstTokens,
     /// The providers' pacers (`[[pools]]`), kept across reloads while a
     /// provider's limits are unchanged.
     pub(crate) pacers: Pools,
@@ -137,6 +140,7 @@ impl Gateway {
         let metrics = Metrics::new(&meter);
         let genai = GenAiMetrics::new(&meter);
         let bulkheads = Bulkheads::default();
+        let first_tokens = FirstTokens::default();
         let pacers = Pools::new();
         let pacing = pacing_of(&config, &meter, None)?;
         pacers.share(
@@ -160,6 +164,7 @@ impl Gateway {
             &transport,
             &keys,
             &bulkheads,
+            &first_tokens,
             &pacers,
         )?;
         lock(&breaker).register_circuits(policy);
@@ -181,6 +186,7 @@ impl Gateway {
             probes,
             admin_token: arc_swap::ArcSwapOption::empty(),
             bulkheads,
+            first_tokens,
             pacers,
             pacing: Mutex::new(pacing),
             in_flight: Arc::new(Semaphore::new(server.max_in_flight)),
@@ -270,6 +276,7 @@ impl Gateway {
             &self.transport,
             &self.keys,
             &self.bulkheads,
+            &self.first_tokens,
             &self.pacers,
         )?;
         let mut running = lock(&self.breaker);

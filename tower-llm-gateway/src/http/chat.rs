@@ -277,6 +277,7 @@ async fn serve(
         }
         match result {
             Ok(stream) => sse(
+                gw.clone(),
                 stream,
                 inbound,
                 include_usage,

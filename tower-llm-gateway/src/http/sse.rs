@@ -2,6 +2,7 @@
 //! small buffer, cut at the call's deadline.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use axum::response::Response;
 use tokio::time::Instant;
 use tower_llm::{ChatStream, Failure};
 
+use crate::Gateway;
 use crate::routes::RouteInfo;
 use crate::server::Connection;
 
@@ -39,7 +41,9 @@ const CLOSE_GRACE: Duration = Duration::from_millis(100);
 /// dropped (its connection closed, its generation stopped), the client is
 /// sent the deadline's error event, and a client that has not taken it
 /// within [`CLOSE_GRACE`] has its connection closed.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn sse(
+    gw: Arc<Gateway>,
     stream: ChatStream,
     inbound: Inbound,
     include_usage: bool,
@@ -64,10 +68,18 @@ pub(super) fn sse(
     }
     insert_answer_flags(headers, stream.attempts(), stream.is_idempotent_replay());
     let id = inbound.stream_id(STREAMS.fetch_add(1, Ordering::Relaxed));
+    // The records of each continuation (a route's `resume`) reach the
+    // status page once the stream is over: they come after the headers.
+    let continued = stream.continuations();
     let frames = inbound.frames(stream, include_usage, id);
     let (tx, rx) = tokio::sync::mpsc::channel(SSE_BUFFER);
     let (taken, gone) = tokio::sync::oneshot::channel();
-    tokio::spawn(pump(frames, inbound, tx, deadline, conn, gone, held));
+    tokio::spawn(async move {
+        pump(frames, inbound, tx, deadline, conn, gone, held).await;
+        for piece in continued.pieces() {
+            gw.status.observe(piece.attempts(), true);
+        }
+    });
     *res.body_mut() = Body::from_stream(Delivered { rx, _taken: taken });
     res
 }

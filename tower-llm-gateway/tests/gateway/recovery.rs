@@ -436,3 +436,17 @@ async fn without_resume_a_cut_stream_ends_with_its_error_never_as_a_success() {
     assert!(!r.continued);
     assert_eq!(h.primary.received().len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn each_piece_of_a_continued_stream_counts_on_the_status_page() {
+    let h = start_text(Reply::With(cut_at_40), Reply::With(whole), policy).await;
+    assert_rescued(&stream(&h, &[]).await, "cut at 40");
+    // The continuation's records arrive once the stream is over.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let page = h.send("GET", "/status", "", &[]).await.body;
+    // The primary served both pieces: two attempts, no failure.
+    assert!(
+        page.contains("<td class=\"num\">2 / 2 / 2</td><td class=\"num\">0 / 0 / 0</td>"),
+        "{page}"
+    );
+}
