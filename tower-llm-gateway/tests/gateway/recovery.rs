@@ -450,3 +450,26 @@ async fn each_piece_of_a_continued_stream_counts_on_the_status_page() {
         "{page}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn what_a_first_token_limit_learned_survives_a_reload() {
+    let h = start_text(Reply::With(whole), Reply::With(refuses_prefill), policy).await;
+    for _ in 0..3 {
+        assert_rescued(&stream(&h, &[]).await, "warm-up");
+    }
+    // The same policy again (a reload keeps the limit while its settings
+    // are unchanged): the slow first token is still cut at 1 s, then 2 s.
+    let text = policy(&h.primary, &h.backup);
+    h.gateway
+        .reload(tower_llm_gateway::GatewayConfig::from_toml(&text).expect("policy"))
+        .expect("reloaded");
+    h.primary.push(Reply::With(whole_after_20s));
+    h.primary.push(Reply::With(whole_after_20s));
+    let r = stream(&h, &[]).await;
+    assert_rescued(&r, "20 s first token after a reload");
+    assert!(
+        r.took >= Duration::from_secs(3) && r.took < Duration::from_secs(4),
+        "{:?}",
+        r.took
+    );
+}
