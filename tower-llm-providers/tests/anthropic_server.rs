@@ -1030,6 +1030,21 @@ fn failure_answers_are_anthropic_error_bodies_with_retry_after_when_retrying_hel
     );
     assert_eq!(res.status(), 400);
     assert!(res.headers().get("retry-after").is_none());
+    assert!(res.headers().get("x-should-retry").is_none());
+    // Our credentials refused upstream: the SDK is told not to retry.
+    let auth = failure_response(
+        &Failure::new(FailureClass::Auth)
+            .with_provider("openai")
+            .with_message("bad key"),
+    );
+    assert_eq!(auth.status(), 502);
+    assert_eq!(auth.headers()["x-should-retry"], "false");
+    assert!(
+        failure_response(&Failure::new(FailureClass::RateLimited))
+            .headers()
+            .get("x-should-retry")
+            .is_none()
+    );
     assert_eq!(
         body_of(res),
         r#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Field required"}}"#

@@ -110,6 +110,8 @@ async fn upstream_auth_and_unknown_routes_and_bad_bodies() {
     let a = h.chat(HELLO).await;
     assert_eq!(a.status, 502, "{}", a.body);
     assert!(!a.body.contains("sk-test-key"));
+    // Our key was refused: the client's SDK is told retrying cannot help.
+    assert_eq!(a.header("x-should-retry"), "false");
     let a = h.chat(r#"{"model": "nope", "messages": []}"#).await;
     assert_eq!(a.status, 404);
     assert_eq!(a.json()["error"]["code"], "model_not_found");

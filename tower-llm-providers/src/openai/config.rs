@@ -19,9 +19,10 @@ pub(crate) const PROVIDER: &str = "openai";
 /// [`Dialect`](crate::Dialect): `OpenAi::new(transport, config)` is
 /// [`Provider::new`](crate::Provider::new) with this dialect.
 ///
-/// `base_url` makes any OpenAI-compatible server work (Azure OpenAI,
-/// vLLM, Ollama, Groq, ...): the service posts to
-/// `{base_url}/chat/completions`.
+/// `base_url` makes any OpenAI-compatible server work (vLLM, Ollama,
+/// Groq, ...): the service posts to `{base_url}/chat/completions`. Azure
+/// OpenAI (deployment paths, the `api-key` header) is
+/// [`AzureOpenAiConfig`](crate::AzureOpenAiConfig).
 ///
 /// ```
 /// use tower_llm_providers::{ApiKey, OpenAiConfig};

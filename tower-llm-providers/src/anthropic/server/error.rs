@@ -110,9 +110,11 @@ pub fn failure_status(f: &Failure) -> (StatusCode, &'static str) {
 }
 
 /// A failed call as an HTTP answer in Anthropic's error shape: the status
-/// and `type` of [`failure_status`], the failure's message, and on a 429,
-/// 503 or 529 a `retry-after` (whole seconds, at least 1) when the
-/// failure knows one. Any server (axum, hyper) can send it as it is.
+/// and `type` of [`failure_status`], the failure's message; on a 502
+/// `x-should-retry: false` (the SDKs' own retries would meet the same
+/// refusal), and on a 429, 503 or 529 a `retry-after` (whole seconds, at
+/// least 1) when the failure knows one. Any server (axum, hyper) can send
+/// it as it is.
 ///
 /// ```
 /// use std::time::Duration;
@@ -140,6 +142,12 @@ pub fn failure_response(f: &Failure) -> http::Response<http_body_util::Full<byte
             res.headers_mut()
                 .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
         }
+    }
+    // A 502 is our side's fault upstream (our credentials, our model
+    // names): the SDKs' automatic retries cannot help.
+    if status == http::StatusCode::BAD_GATEWAY {
+        res.headers_mut()
+            .insert("x-should-retry", http::HeaderValue::from_static("false"));
     }
     res
 }

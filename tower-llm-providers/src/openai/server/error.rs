@@ -86,8 +86,9 @@ pub fn failure_status(f: &Failure) -> (http::StatusCode, &'static str) {
 /// A failed call as an HTTP answer in OpenAI's error shape: the status
 /// and `type` of [`failure_status`], the failure's message, its class
 /// label as the `code`, and on a 503 or 429 a `Retry-After` (whole
-/// seconds, at least 1) when the failure knows one. Any server (axum, hyper)
-/// can send it as it is.
+/// seconds, at least 1) when the failure knows one, and on a 502
+/// `x-should-retry: false` (the SDKs' own retries would meet the same
+/// refusal). Any server (axum, hyper) can send it as it is.
 ///
 /// ```
 /// use std::time::Duration;
@@ -99,6 +100,11 @@ pub fn failure_status(f: &Failure) -> (http::StatusCode, &'static str) {
 /// assert_eq!(res.status(), 503);
 /// assert_eq!(res.headers()["retry-after"], "2");
 /// assert_eq!(res.headers()["content-type"], "application/json");
+///
+/// // A 502 (our credentials or model names refused upstream) tells the
+/// // client's SDK not to retry.
+/// let f = Failure::new(FailureClass::Auth).with_provider("openai");
+/// assert_eq!(failure_response(&f).headers()["x-should-retry"], "false");
 /// ```
 pub fn failure_response(f: &Failure) -> http::Response<http_body_util::Full<bytes::Bytes>> {
     let (status, kind) = failure_status(f);
@@ -123,6 +129,12 @@ pub fn failure_response(f: &Failure) -> http::Response<http_body_util::Full<byte
             res.headers_mut()
                 .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
         }
+    }
+    // A 502 is our side's fault upstream (our credentials, our model
+    // names): the SDKs' automatic retries cannot help.
+    if status == http::StatusCode::BAD_GATEWAY {
+        res.headers_mut()
+            .insert("x-should-retry", http::HeaderValue::from_static("false"));
     }
     res
 }
