@@ -274,10 +274,10 @@ impl ProviderConfig {
                     if let Some(url) = &self.base_url {
                         config = config.with_base_url(url);
                     }
-                    embeddings = Some(BoxCloneSyncService::new(OpenAiEmbeddings::new(
-                        transport.clone(),
-                        config.clone(),
-                    )));
+                    embeddings = Some(BoxCloneSyncService::new(
+                        OpenAiEmbeddings::new(transport.clone(), config.clone())
+                            .with_metrics(genai.clone()),
+                    ));
                     let p = OpenAi::new(transport, config).with_metrics(genai.clone());
                     services_of(p, timeouts, &guards, first_token.clone())
                 }
@@ -297,10 +297,10 @@ impl ProviderConfig {
                     if let Some(version) = &self.api_version {
                         config = config.with_api_version(version);
                     }
-                    embeddings = Some(BoxCloneSyncService::new(AzureOpenAiEmbeddings::new(
-                        transport.clone(),
-                        config.clone(),
-                    )));
+                    embeddings = Some(BoxCloneSyncService::new(
+                        AzureOpenAiEmbeddings::new(transport.clone(), config.clone())
+                            .with_metrics(genai.clone()),
+                    ));
                     let p = AzureOpenAi::new(transport, config).with_metrics(genai.clone());
                     services_of(p, timeouts, &guards, first_token.clone())
                 }

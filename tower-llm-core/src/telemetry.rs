@@ -472,24 +472,53 @@ impl GenAiMetrics {
         duration: Duration,
         result: Result<&Usage, &Failure>,
     ) {
+        let tokens = result.map(|u| (u.prompt_tokens, Some(u.completion_tokens)));
+        self.record("chat", provider, model, duration, tokens);
+    }
+
+    /// Records one embeddings operation (`gen_ai.operation.name` =
+    /// `embeddings`) of `provider`'s `model` that took `duration`: its
+    /// input tokens on success (an embedding has no output tokens), its
+    /// class on failure. `model` becomes a label: pass a configured name,
+    /// never client input.
+    pub fn record_embeddings(
+        &self,
+        provider: &'static str,
+        model: &str,
+        duration: Duration,
+        result: Result<u32, &Failure>,
+    ) {
+        let tokens = result.map(|input| (input, None));
+        self.record("embeddings", provider, model, duration, tokens);
+    }
+
+    /// One operation: its duration, and its input (and output) tokens on
+    /// success or its class on failure.
+    fn record(
+        &self,
+        operation: &'static str,
+        provider: &'static str,
+        model: &str,
+        duration: Duration,
+        tokens: Result<(u32, Option<u32>), &Failure>,
+    ) {
         let Some(m) = self.inner.as_deref() else {
             return;
         };
         let mut attributes = vec![
-            KeyValue::new("gen_ai.operation.name", "chat"),
+            KeyValue::new("gen_ai.operation.name", operation),
             KeyValue::new("gen_ai.provider.name", provider),
             KeyValue::new("gen_ai.request.model", model.to_owned()),
         ];
-        match result {
-            Ok(usage) => {
+        match tokens {
+            Ok((input, output)) => {
                 m.duration.record(duration.as_secs_f64(), &attributes);
                 attributes.push(KeyValue::new("gen_ai.token.type", "input"));
-                m.tokens.record(u64::from(usage.prompt_tokens), &attributes);
-                if let Some(last) = attributes.last_mut() {
+                m.tokens.record(u64::from(input), &attributes);
+                if let (Some(output), Some(last)) = (output, attributes.last_mut()) {
                     *last = KeyValue::new("gen_ai.token.type", "output");
+                    m.tokens.record(u64::from(output), &attributes);
                 }
-                m.tokens
-                    .record(u64::from(usage.completion_tokens), &attributes);
             }
             Err(failure) => {
                 attributes.push(KeyValue::new(

@@ -150,7 +150,7 @@ pub(crate) fn inject_trace_context(_headers: &mut HeaderMap) {}
 /// stored by the caller), never the request's free-form `model` (a client
 /// may have chosen it, and a label set must stay closed); `"unknown"`
 /// without a link.
-pub(crate) fn metric_model(req: &tower_llm_core::ChatRequest) -> std::sync::Arc<str> {
+pub(crate) fn metric_model<R: tower_llm_core::LlmRequest>(req: &R) -> std::sync::Arc<str> {
     match tower_llm_core::Link::of(req) {
         Some(link) => link.model_arc().clone(),
         None => std::sync::Arc::from("unknown"),

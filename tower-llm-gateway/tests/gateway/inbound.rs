@@ -91,6 +91,30 @@ async fn embeddings_are_retried_then_failed_over_and_answered_in_openais_shape()
     let sent: serde_json::Value = serde_json::from_slice(&sent.body).expect("json");
     assert_eq!(sent["model"], "text-embedding-3-large");
     assert_eq!(sent["input"], serde_json::json!(["alpha", "beta"]));
+    // The GenAI client metrics count each upstream call as an embeddings
+    // operation of the link's configured model.
+    let metrics = h.send("GET", "/metrics", "", &[]).await.body;
+    let count = |labels: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("gen_ai_client_operation_duration_seconds_count")
+                    && l.contains("gen_ai_operation_name=\"embeddings\"")
+                    && l.contains(labels)
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        count("gen_ai_request_model=\"text-embedding-3-large\"").as_deref(),
+        Some("1"),
+        "{metrics}"
+    );
+    assert_eq!(
+        count("error_type=\"transient\"").as_deref(),
+        Some("3"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -11,14 +11,14 @@ use bytes::Bytes;
 use http_body::Body;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tower_llm_core::{BoxError, EmbeddingRequest, EmbeddingResponse, Failure};
+use tower_llm_core::{BoxError, EmbeddingRequest, EmbeddingResponse, Failure, GenAiMetrics};
 use tower_service::Service;
 
 use super::config::{OpenAiConfig, PROVIDER};
 use crate::dialect::{Dialect, finish};
 use crate::failure::{invalid, invalid_json, to_json};
 use crate::provider::exchange;
-use crate::transport::{RequestBody, poll_transport, take_ready};
+use crate::transport::{RequestBody, metric_model, poll_transport, take_ready};
 
 /// A [`Dialect`] that also speaks its provider's embeddings API: how an
 /// [`EmbeddingRequest`] becomes an HTTP request, and how the answer
@@ -71,8 +71,10 @@ pub type EmbeddingsFuture =
 /// takes the transport that was made ready and leaves a clone in its
 /// place. Cloning clones the transport and shares the dialect.
 ///
-/// No GenAI metrics are recorded for embeddings (the metrics of
-/// [`GenAiMetrics`](tower_llm_core::GenAiMetrics) are chat operations).
+/// Each call records the GenAI client metrics of an `embeddings`
+/// operation ([`GenAiMetrics::record_embeddings`](tower_llm_core::GenAiMetrics::record_embeddings))
+/// on the metrics given by [`with_metrics`](Self::with_metrics) (default:
+/// the global ones, a no-op until the host installs an SDK).
 ///
 /// ```
 /// use tower::ServiceExt;
@@ -101,6 +103,7 @@ pub type EmbeddingsFuture =
 pub struct Embeddings<D, T> {
     transport: T,
     dialect: Arc<D>,
+    metrics: GenAiMetrics,
 }
 
 /// OpenAI Embeddings (`POST {base_url}/embeddings`) as a
@@ -114,6 +117,7 @@ impl<D, T: Clone> Clone for Embeddings<D, T> {
         Embeddings {
             transport: self.transport.clone(),
             dialect: self.dialect.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -124,7 +128,16 @@ impl<D, T> Embeddings<D, T> {
         Embeddings {
             transport,
             dialect: Arc::new(dialect),
+            metrics: GenAiMetrics::global(),
         }
+    }
+
+    /// Records the GenAI client metrics (`gen_ai.client.operation.duration`,
+    /// `gen_ai.client.token.usage`, operation `embeddings`) on `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: GenAiMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The dialect (for a built-in provider, its settings).
@@ -168,12 +181,25 @@ where
     fn call(&mut self, req: EmbeddingRequest) -> Self::Future {
         let mut transport = take_ready(&mut self.transport);
         let dialect = self.dialect.clone();
+        let metrics = self.metrics.clone();
         Box::pin(async move {
-            let http_req = finish(&*dialect, dialect.encode_embeddings(&req)?)?;
-            let (answer, latency) = exchange(&mut transport, &*dialect, http_req).await?;
-            dialect
-                .decode_embeddings(&req, &answer, latency)
-                .map_err(|f| f.with_status(answer.status()))
+            let model = metric_model(&req);
+            let started = tokio::time::Instant::now();
+            let result = async {
+                let http_req = finish(&*dialect, dialect.encode_embeddings(&req)?)?;
+                let (answer, latency) = exchange(&mut transport, &*dialect, http_req).await?;
+                dialect
+                    .decode_embeddings(&req, &answer, latency)
+                    .map_err(|f| f.with_status(answer.status()))
+            }
+            .await;
+            metrics.record_embeddings(
+                dialect.provider(),
+                &model,
+                started.elapsed(),
+                result.as_ref().map(|r| r.prompt_tokens),
+            );
+            result
         })
     }
 }
