@@ -446,25 +446,46 @@ async fn skip_mode_still_ends_the_stream_at_in_band_errors_and_broken_framing() 
     assert_eq!(end.class(), FailureClass::InvalidResponse);
     assert_eq!(end.message(), Some("an SSE line is not UTF-8"));
     assert_eq!(streaming.malformed_skipped(), 0);
+}
 
-    // Bedrock's event-stream wire does not skip: it fails as before.
+#[tokio::test(start_paused = true)]
+async fn bedrock_skips_an_event_whose_payload_does_not_decode_but_not_broken_framing() {
+    let bedrock = |steps: Vec<Step>| {
+        Bedrock::new(
+            ScriptedTransport::new(Reply::stream("application/vnd.amazon.eventstream", steps)),
+            BedrockConfig::new(AwsCredentials::new("AKID", "secret"), "us-east-1"),
+        )
+        .streaming()
+    };
+    // A whole, checksummed event whose JSON is broken, after content.
     let mut steps = bedrock_stream_steps(&["a"], false);
     steps.push(Step::bedrock_event("contentBlockDelta", "{not json"));
-    steps.push(Step::bedrock_text("b"));
-    let t = ScriptedTransport::new(Reply::stream("application/vnd.amazon.eventstream", steps));
-    let streaming = Bedrock::new(
-        t,
-        BedrockConfig::new(AwsCredentials::new("AKID", "secret"), "us-east-1"),
-    )
-    .streaming()
-    .with_malformed_chunks(MalformedChunks::Skip);
-    let (chunks, end) = drain(streaming.clone().oneshot(req()).await.expect("commits")).await;
+    steps.extend(bedrock_stream_steps(&["b"], true).into_iter().skip(1));
+    let skipping = bedrock(steps.clone()).with_malformed_chunks(MalformedChunks::Skip);
+    let (chunks, end) = drain(skipping.clone().oneshot(req()).await.expect("commits")).await;
+    assert_eq!(text(&chunks), "ab");
+    assert!(end.is_none(), "{end:?}");
+    assert_eq!(skipping.malformed_skipped(), 1);
+    // The default fails at it.
+    let failing = bedrock(steps);
+    let (chunks, end) = drain(failing.oneshot(req()).await.expect("commits")).await;
     assert_eq!(text(&chunks), "a");
     assert_eq!(
         end.expect("terminal").class(),
         FailureClass::InvalidResponse
     );
-    assert_eq!(streaming.malformed_skipped(), 0);
+    // A frame whose declared length is impossible is broken framing: no
+    // skipping past it.
+    let mut steps = bedrock_stream_steps(&["a"], false);
+    steps.push(Step::Send(Bytes::from_static(&[0, 0, 0, 1, 0, 0, 0, 0])));
+    let skipping = bedrock(steps).with_malformed_chunks(MalformedChunks::Skip);
+    let (chunks, end) = drain(skipping.clone().oneshot(req()).await.expect("commits")).await;
+    assert_eq!(text(&chunks), "a");
+    assert_eq!(
+        end.expect("terminal").class(),
+        FailureClass::InvalidResponse
+    );
+    assert_eq!(skipping.malformed_skipped(), 0);
 }
 
 #[cfg(feature = "otel")]

@@ -28,6 +28,13 @@ pub struct EventStreamWire {
     /// The credentials sent, removed from exception messages that echo
     /// them.
     scrub: Scrub,
+    /// Skip an event whose payload does not decode, once content came
+    /// ([`Wire::skip_malformed`]).
+    skip: bool,
+    /// A content chunk was handed on.
+    content: bool,
+    /// Events skipped.
+    skipped: u64,
 }
 
 impl EventStreamWire {
@@ -38,6 +45,9 @@ impl EventStreamWire {
             done: false,
             failed: false,
             scrub,
+            skip: false,
+            content: false,
+            skipped: 0,
         }
     }
 }
@@ -72,6 +82,9 @@ impl Wire for EventStreamWire {
             }
             let frame = self.buf.split_to(total).freeze();
             let mut last = false;
+            // A whole, checksummed message of type `event` whose payload
+            // did not decode: the only failure skip mode may skip.
+            let mut event_payload = false;
             let item = aws_smithy_eventstream::frame::read_message_from(frame)
                 .map_err(|e| invalid(PROVIDER, format!("event-stream message: {e}")))
                 .and_then(|message| {
@@ -90,6 +103,7 @@ impl Wire for EventStreamWire {
                             // `metadata` (the usage) follows `messageStop`:
                             // the stream's last message.
                             last = self.stopped && kind == "metadata";
+                            event_payload = true;
                             event(kind, message.payload())
                         }
                         Some("exception") => Err(exception(
@@ -111,6 +125,19 @@ impl Wire for EventStreamWire {
             if let Ok(StreamItem::Chunk(c)) = &item {
                 self.stopped |= c.finish_reason.is_some();
             }
+            match &item {
+                Ok(item) => self.content |= item.is_content(),
+                Err(f)
+                    if self.skip
+                        && self.content
+                        && event_payload
+                        && f.class() == FailureClass::InvalidResponse =>
+                {
+                    self.skipped = self.skipped.saturating_add(1);
+                    continue;
+                }
+                Err(_) => {}
+            }
             self.failed = item.is_err();
             out.push_back(item);
             if self.failed {
@@ -130,6 +157,15 @@ impl Wire for EventStreamWire {
         // Without a `metadata` after it, the end of the body after
         // `messageStop` is the terminator.
         !self.done && self.stopped && self.buf.is_empty()
+    }
+
+    fn skip_malformed(&mut self) -> bool {
+        self.skip = true;
+        true
+    }
+
+    fn skipped(&self) -> u64 {
+        self.skipped
     }
 }
 

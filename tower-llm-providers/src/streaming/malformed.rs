@@ -40,10 +40,11 @@ pub enum MalformedChunks {
     /// before it, never the event's text; each one is counted
     /// ([`Streaming::malformed_skipped`](crate::Streaming::malformed_skipped)).
     /// The server-sent-event wires (OpenAI, Azure OpenAI, Anthropic,
-    /// Gemini and every [`SseWire`](crate::dialect::SseWire)) skip; a
+    /// Gemini and every [`SseWire`](crate::dialect::SseWire)) skip an
+    /// event that does not decode, Bedrock's event stream a whole,
+    /// checksummed event whose payload does not; a
     /// [`Wire`](crate::dialect::Wire) that cannot
     /// ([`Wire::skip_malformed`](crate::dialect::Wire::skip_malformed)
-    /// returns `false`, as Bedrock's event stream does) fails as with
-    /// [`Fail`](Self::Fail).
+    /// returns `false`) fails as with [`Fail`](Self::Fail).
     Skip,
 }
