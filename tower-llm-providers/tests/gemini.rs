@@ -215,7 +215,8 @@ fn tools_tool_calls_and_results_with_their_names_recovered() {
         json!([
             {"role": "user", "parts": [{"text": "Weather and time in Paris?"}]},
             {"role": "model", "parts": [
-                {"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}},
+                {"functionCall": {"name": "get_weather", "args": {"city": "Paris"}},
+                 "thoughtSignature": "skip_thought_signature_validator"},
                 {"functionCall": {"name": "get_time", "args": {}}}
             ]},
             // The two results and the next user text: one merged user turn,

@@ -8,6 +8,13 @@ use tower_llm_core::{ChatRequest, ContentPart, Failure, FailureClass, Message, R
 use super::PROVIDER;
 use crate::wire::{data_url, merge_turns, tool_input, turn};
 
+/// The `thoughtSignature` sent with a function call the model's own
+/// signature did not come back with (Google's documented value for calls
+/// it did not sign: Gemini 3 validates signatures, and refuses a turn of
+/// function calls without one; older models ignore it). Using it costs the
+/// model the reasoning context of that turn, not the answer.
+pub const UNSIGNED_CALL: &str = "skip_thought_signature_validator";
+
 /// The longest model name accepted (in bytes).
 const MAX_MODEL: usize = 256;
 
@@ -94,12 +101,23 @@ pub fn encode(req: &ChatRequest) -> Result<Value, Failure> {
             }
             Role::Assistant => {
                 let mut parts = content_parts(m)?;
-                for call in &m.tool_calls {
+                for (i, call) in m.tool_calls.iter().enumerate() {
                     names.insert(&call.id, &call.name);
-                    parts.push(json!({"functionCall": {
+                    let mut part = json!({"functionCall": {
                         "name": call.name,
                         "args": tool_input(&call.arguments),
-                    }}));
+                    }});
+                    // Gemini 3 refuses a function call of an earlier turn
+                    // without the `thoughtSignature` it came with, and a
+                    // `ToolCall` (or a client's history) does not carry
+                    // it: the first call of a turn gets the signature
+                    // Google documents for calls it did not sign.
+                    if i == 0 {
+                        if let Some(obj) = part.as_object_mut() {
+                            obj.insert("thoughtSignature".into(), json!(UNSIGNED_CALL));
+                        }
+                    }
+                    parts.push(part);
                 }
                 turns.push(turn("model", parts));
             }

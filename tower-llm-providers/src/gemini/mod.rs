@@ -109,7 +109,7 @@ use crate::transport::DEFAULT_MAX_BODY;
 use crate::wire::secret_header;
 
 pub use decode::{decode, decode_error};
-pub use encode::encode;
+pub use encode::{UNSIGNED_CALL, encode};
 
 /// The provider name in failures and metrics.
 const PROVIDER: &str = "gemini";
