@@ -82,6 +82,7 @@ impl Future for PendOnceFuture {
             fallback_position: 0,
             degraded: false,
             idempotent_replayed: false,
+            cache: None,
             choices: vec![Choice {
                 index: 0,
                 text: String::new(),

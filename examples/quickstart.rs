@@ -36,6 +36,7 @@ fn answer(req: &ChatRequest, provider: &str) -> ChatResponse {
         fallback_position: 0,
         degraded: false,
         idempotent_replayed: false,
+        cache: None,
         choices: vec![Choice {
             index: 0,
             text: "Hello from the mock provider".into(),

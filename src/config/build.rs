@@ -79,6 +79,7 @@ impl RouteAnswer for ChatResponse {
             fallback_position: 0,
             degraded: true,
             idempotent_replayed: false,
+            cache: None,
             choices: vec![tower_llm_core::Choice {
                 index: 0,
                 text: text.to_owned(),

@@ -98,6 +98,7 @@ fn ok(req: &ChatRequest) -> ChatResponse {
         fallback_position: 0,
         degraded: false,
         idempotent_replayed: false,
+        cache: None,
         choices: vec![],
         usage: Usage::default(),
         latency: Duration::ZERO,

@@ -334,6 +334,11 @@ pub struct ChatResponse {
     /// `attempts` are the original call's.
     #[serde(default)]
     pub idempotent_replayed: bool,
+    /// What a response cache did for this answer (`None`: no cache on the
+    /// route). A hit or stale answer made no provider call, and its
+    /// `attempts` are empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<crate::CacheOutcome>,
     /// The answers.
     pub choices: Vec<Choice>,
     /// Token counts.
@@ -572,6 +577,7 @@ mod tests {
             fallback_position: 0,
             degraded: false,
             idempotent_replayed: false,
+            cache: None,
             choices: vec![Choice {
                 index: 0,
                 text: "hi".into(),

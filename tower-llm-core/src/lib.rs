@@ -56,6 +56,7 @@
 //! [tower-llm]: https://docs.rs/tower-llm
 
 mod bound;
+mod cache;
 mod call;
 mod chat;
 mod class;
@@ -77,6 +78,7 @@ pub mod telemetry;
 pub use bound::{
     IMAGE_TOKENS, MESSAGE_OVERHEAD_TOKENS, REQUEST_OVERHEAD_TOKENS, input_tokens_bound,
 };
+pub use cache::{CacheOutcome, CacheStatus};
 pub use call::{Call, IdempotencyKey, LlmRequest};
 pub use chat::{
     ChatChunk, ChatRequest, ChatResponse, ChatResponseBuilder, Choice, ContentPart, FinishReason,

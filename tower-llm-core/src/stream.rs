@@ -14,8 +14,8 @@ use std::time::Duration;
 use futures_core::Stream;
 
 use crate::{
-    AttemptRecord, ChatChunk, ChatResponse, Choice, Failure, FailureClass, FinishReason, Link,
-    RecordsAttempts, ToolCall, Usage,
+    AttemptRecord, CacheOutcome, ChatChunk, ChatResponse, Choice, Failure, FailureClass,
+    FinishReason, Link, RecordsAttempts, ToolCall, Usage,
 };
 
 /// The boxed chunk stream inside a [`ChatStream`].
@@ -71,6 +71,8 @@ pub struct ChatStream {
     attempts: Vec<AttemptRecord>,
     /// Set by a layer that may continue the stream after it breaks.
     continued: Option<Continued>,
+    /// Set by a response cache.
+    cache: Option<CacheOutcome>,
 }
 
 impl ChatStream {
@@ -89,6 +91,7 @@ impl ChatStream {
             idempotent_replayed: false,
             attempts: Vec::new(),
             continued: None,
+            cache: None,
         }
     }
 
@@ -115,6 +118,30 @@ impl ChatStream {
         stream.idempotent_replayed = true;
         stream.attempts = attempts;
         stream
+    }
+
+    /// A stream of `chunks` from `provider`'s `model`, consumed one item at
+    /// a time as the stream is polled (a store decoding its compact form
+    /// lazily, a response cache replaying a stored stream). An `Err` ends
+    /// the stream with that error.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use tower_llm_core::{ChatChunk, ChatStream};
+    ///
+    /// let chunks = ["Hel", "lo"].map(|t| Ok(ChatChunk { text: Some(t.into()), ..ChatChunk::default() }));
+    /// let stream = ChatStream::from_iter("openai", "m", chunks);
+    /// assert!(!stream.is_idempotent_replay());
+    /// assert_eq!(stream.collect_response().await.unwrap().text(), "Hello");
+    /// # }
+    /// ```
+    pub fn from_iter<I>(provider: impl Into<Arc<str>>, model: impl Into<String>, chunks: I) -> Self
+    where
+        I: IntoIterator<Item = Result<ChatChunk, Failure>>,
+        I::IntoIter: Send + Unpin + 'static,
+    {
+        ChatStream::new(provider, model, Lazy(chunks.into_iter()))
     }
 
     /// The same stream with its chunks passed through `f` (to observe or
@@ -221,6 +248,29 @@ impl ChatStream {
         self
     }
 
+    /// What a response cache did for this stream (`None`: no cache on
+    /// the route; see [`CacheOutcome`]).
+    pub fn cache_outcome(&self) -> Option<CacheOutcome> {
+        self.cache
+    }
+
+    /// Marks what a response cache did for this stream (the cache layer
+    /// does).
+    ///
+    /// ```
+    /// use tower_llm_core::{CacheOutcome, ChatStream};
+    ///
+    /// let stream = ChatStream::from_chunks("openai", "m", vec![]);
+    /// assert_eq!(stream.cache_outcome(), None);
+    /// let stream = stream.with_cache_outcome(CacheOutcome::MISS);
+    /// assert_eq!(stream.cache_outcome(), Some(CacheOutcome::MISS));
+    /// ```
+    #[must_use]
+    pub fn with_cache_outcome(mut self, outcome: CacheOutcome) -> Self {
+        self.cache = Some(outcome);
+        self
+    }
+
     /// Reads the whole stream into one [`ChatResponse`]: text joined per
     /// choice, tool-call fragments joined by their index, the last finish
     /// reason and usage. (The response id is empty: streams carry none in
@@ -243,6 +293,7 @@ impl ChatStream {
             fallback_position: self.fallback_position,
             degraded: self.degraded,
             idempotent_replayed: self.idempotent_replayed,
+            cache: self.cache,
             choices,
             usage,
             latency: self.time_to_first_chunk + started.elapsed(),
@@ -390,6 +441,7 @@ impl fmt::Debug for ChatStream {
             .field("fallback_position", &self.fallback_position)
             .field("degraded", &self.degraded)
             .field("idempotent_replayed", &self.idempotent_replayed)
+            .field("cache", &self.cache)
             .field("attempts", &self.attempts.len())
             .field(
                 "continued",

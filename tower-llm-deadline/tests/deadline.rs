@@ -359,6 +359,7 @@ async fn typed_chat_requests_work_too() {
             fallback_position: 0,
             degraded: false,
             idempotent_replayed: false,
+            cache: None,
             choices: vec![],
             usage: Usage::default(),
             latency: Duration::ZERO,

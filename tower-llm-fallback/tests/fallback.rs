@@ -380,6 +380,7 @@ fn ok_answer(provider: &str) -> ChatResponse {
         fallback_position: 0,
         degraded: false,
         idempotent_replayed: false,
+        cache: None,
         choices: vec![],
         usage: Usage::default(),
         latency: Duration::ZERO,

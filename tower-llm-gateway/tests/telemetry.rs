@@ -228,6 +228,7 @@ async fn a_degraded_answer_is_not_a_success() {
             fallback_position: 0,
             degraded: false,
             idempotent_replayed: false,
+            cache: None,
             choices: vec![],
             usage: tower_llm::Usage::default(),
             latency: Duration::ZERO,

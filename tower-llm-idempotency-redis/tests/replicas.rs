@@ -132,6 +132,7 @@ fn answer(n: usize) -> ChatResponse {
         fallback_position: 0,
         degraded: false,
         idempotent_replayed: false,
+        cache: None,
         choices: vec![],
         usage: Usage::default(),
         latency: Duration::from_millis(7),

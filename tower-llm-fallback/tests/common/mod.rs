@@ -85,6 +85,7 @@ impl Provider {
                             fallback_position: 0,
                             degraded: false,
                             idempotent_replayed: false,
+                            cache: None,
                             choices: vec![],
                             usage: Usage::default(),
                             latency: Duration::ZERO,

@@ -227,6 +227,7 @@ pub fn decode(
         fallback_position: 0,
         degraded: false,
         idempotent_replayed: false,
+        cache: None,
         choices: vec![Choice {
             index: 0,
             text,

@@ -235,6 +235,7 @@ pub fn decode(body: &[u8], model: &str, latency: Duration) -> Result<ChatRespons
         fallback_position: 0,
         degraded: false,
         idempotent_replayed: false,
+        cache: None,
         choices,
         usage: wire
             .usage_metadata

@@ -279,6 +279,7 @@ pub fn decode(body: &[u8], latency: Duration) -> Result<ChatResponse, Failure> {
         fallback_position: 0,
         degraded: false,
         idempotent_replayed: false,
+        cache: None,
         choices: wire
             .choices
             .into_iter()
