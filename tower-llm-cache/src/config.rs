@@ -197,3 +197,53 @@ mod tests {
         .unwrap();
     }
 }
+
+/// The in-process store's settings (a policy file's top-level `[cache]`):
+/// one [`MemoryCache`](crate::MemoryCache) for every route of a server.
+///
+/// ```
+/// use tower_llm_cache::CacheStoreConfig;
+///
+/// let config: CacheStoreConfig = toml::from_str("max_bytes = 1048576").unwrap();
+/// config.validate().unwrap();
+/// assert_eq!(CacheStoreConfig::default().max_bytes, 64 << 20);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheStoreConfig {
+    /// The bytes of answers held at most (oldest stored out first),
+    /// counted as [`Stored::held_bytes`](tower_llm_idempotency::Stored::held_bytes)
+    /// plus each key: what the answers hold in memory, a stream's chunks
+    /// as one compact buffer. Default 64 MiB.
+    pub max_bytes: u64,
+}
+
+impl Default for CacheStoreConfig {
+    fn default() -> Self {
+        CacheStoreConfig {
+            max_bytes: 64 << 20,
+        }
+    }
+}
+
+impl CacheStoreConfig {
+    /// Checks the settings.
+    ///
+    /// # Errors
+    ///
+    /// A zero `max_bytes`.
+    pub fn validate(&self) -> Result<(), InvalidCacheConfig> {
+        if self.max_bytes == 0 {
+            return Err(InvalidCacheConfig {
+                field: "max_bytes",
+                reason: "must be at least 1",
+            });
+        }
+        Ok(())
+    }
+
+    /// The in-process store of these settings.
+    pub fn memory(&self) -> crate::MemoryCache {
+        crate::MemoryCache::new(usize::try_from(self.max_bytes).unwrap_or(usize::MAX))
+    }
+}

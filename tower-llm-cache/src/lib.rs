@@ -75,7 +75,7 @@ mod layer;
 mod store;
 
 pub use answer::{CacheAnswer, Sink};
-pub use config::{CacheConfig, InvalidCacheConfig, RISK_HEADER};
+pub use config::{CacheConfig, CacheStoreConfig, InvalidCacheConfig, RISK_HEADER};
 pub use control::CacheControl;
 pub use layer::{Cache, CacheHeaders, CacheLayer, OwnHeaders, ResponseFuture};
 pub use store::{CacheEntry, CacheStore, MemoryCache, StoreError};
