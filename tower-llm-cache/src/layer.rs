@@ -231,8 +231,15 @@ fn key_of(tenant: Option<&[u8]>, fingerprint: &[u8; 32]) -> Arc<str> {
 /// settings and the request's headers.
 #[derive(Debug, Clone, Copy)]
 struct Terms {
-    /// The oldest answer served as a hit (`None`: no hits).
-    fresh: Option<Duration>,
+    /// Whether a fresh answer may be taken (not `no-cache`, a route with
+    /// a freshness lifetime).
+    hits: bool,
+    /// The route's freshness lifetime: an answer younger than this is
+    /// fresh (RFC 9111 §4.2).
+    ttl: Duration,
+    /// The oldest answer the request accepts (`max-age`, RFC 9111
+    /// §5.2.1.1: an age greater than this is refused).
+    max_age: Option<Duration>,
     /// The oldest answer served stale when every provider failed (`None`:
     /// no stale answers).
     stale: Option<Duration>,
@@ -244,8 +251,6 @@ impl Terms {
     fn of(config: &CacheConfig, headers: Option<&HeaderMap>) -> Self {
         let cc = headers.map(CacheControl::from_headers).unwrap_or_default();
         let ttl = config.ttl();
-        let fresh =
-            (!cc.no_cache && !ttl.is_zero()).then(|| cc.max_age.map_or(ttl, |age| age.min(ttl)));
         let admitted = match &config.stale_for_risk {
             None => true,
             Some(risks) => headers
@@ -257,10 +262,17 @@ impl Terms {
             .map_or(config.stale(), |s| s.min(config.stale()));
         let stale = (admitted && !window.is_zero()).then(|| ttl.saturating_add(window));
         Terms {
-            fresh,
+            hits: !cc.no_cache && !ttl.is_zero(),
+            ttl,
+            max_age: cc.max_age,
             stale,
             store: !cc.no_store,
         }
+    }
+
+    /// `true` when an answer of `age` may be served as a hit.
+    fn fresh(&self, age: Duration) -> bool {
+        self.hits && age < self.ttl && self.max_age.is_none_or(|max| age <= max)
     }
 }
 
@@ -311,7 +323,7 @@ where
         let clone = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
-            let found = if terms.fresh.is_some() || terms.stale.is_some() {
+            let found = if terms.hits || terms.stale.is_some() {
                 match shared.store.get(key.clone()).await {
                     Ok(found) => {
                         shared.logged.store(false, Ordering::Relaxed);
@@ -328,7 +340,7 @@ where
                 None
             };
             if let Some(CacheEntry { stored, age }) = &found {
-                if terms.fresh.is_some_and(|fresh| *age <= fresh) {
+                if terms.fresh(*age) {
                     if let Some(answer) =
                         S::Response::from_cache(stored, CacheOutcome::new(CacheStatus::Hit, *age))
                     {
@@ -339,6 +351,7 @@ where
             }
             // A candidate for the stale-safe rung: the answer found now,
             // if it is young enough.
+            let found_at = tokio::time::Instant::now();
             let stale = found.filter(|e| terms.stale.is_some_and(|limit| e.age <= limit));
             let sink = Sink {
                 store: shared.store.clone(),
@@ -373,7 +386,9 @@ where
             };
             if failed {
                 if let Some(CacheEntry { stored, age }) = &stale {
-                    let outcome = CacheOutcome::new(CacheStatus::Stale, *age);
+                    // Its age when served: the call has run since.
+                    let age = age.saturating_add(found_at.elapsed());
+                    let outcome = CacheOutcome::new(CacheStatus::Stale, age);
                     if let Some(answer) = S::Response::from_cache(stored, outcome) {
                         shared.metrics.record_cache(CacheStatus::Stale);
                         return Ok(answer);

@@ -11,7 +11,7 @@
 //!   idempotency layer's [`IdempotentRequest`](tower_llm_idempotency::IdempotentRequest))
 //!   and its tenant (opaque bytes, [`TenantFn`](tower_llm_idempotency::TenantFn)):
 //!   two tenants asking the same thing never share an answer.
-//! - **Fresh for `ttl_ms`.** A hit makes no provider call, costs no
+//! - **Fresh while younger than `ttl_ms`** (RFC 9111 §4.2). A hit makes no provider call, costs no
 //!   budget, and is marked ([`CacheOutcome`](tower_llm_core::CacheOutcome)
 //!   on [`ChatResponse::cache`](tower_llm_core::ChatResponse::cache) and
 //!   [`ChatStream::cache_outcome`](tower_llm_core::ChatStream::cache_outcome):
