@@ -15,6 +15,7 @@
 //! | [`providers`](crate::guide::providers) | OpenAI, Anthropic and Bedrock: wire formats, error classification, content filters, secrets, test doubles |
 //! | [`streaming`](crate::guide::streaming) | the commit point, timeouts, truncation, wire formats |
 //! | [`recovery`](crate::guide::recovery) | streams that break after the first token: continuing them, complete-or-fail, and the default |
+//! | [`cache`](crate::guide::cache) | the response cache: keys, freshness, `Cache-Control`, the stale-safe rung, memory |
 //! | [`telemetry`](crate::guide::telemetry) | metrics, spans, trace propagation, wiring an SDK |
 //! | [`pools`](crate::guide::pools) | one model over several keys and deployments: choice, moves, pacing under rate limits |
 //! | [`cost`](crate::guide::cost) | prices, one call's budget, tenant quotas (in process or on Redis), what each attempt is charged |
@@ -38,6 +39,9 @@ pub mod streaming {}
 
 #[doc = include_str!("../docs/recovery.md")]
 pub mod recovery {}
+
+#[doc = include_str!("../docs/cache.md")]
+pub mod cache {}
 
 #[doc = include_str!("../docs/telemetry.md")]
 pub mod telemetry {}
