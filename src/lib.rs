@@ -181,6 +181,16 @@ pub mod idempotency {
     };
 }
 
+/// The response cache and its stale-safe rung ([`tower_llm_cache`]).
+pub mod cache {
+    pub use tower_llm_cache::{
+        CacheAnswer, CacheConfig, CacheControl, CacheEntry, CacheHeaders, CacheLayer, CacheStore,
+        CacheStoreConfig, InvalidCacheConfig, MemoryCache, OwnHeaders, RISK_HEADER, ResponseFuture,
+        Sink, StoreError,
+    };
+    pub use tower_llm_core::{CacheOutcome, CacheStatus};
+}
+
 /// Provider services ([`tower_llm_providers`]): OpenAI, Azure OpenAI,
 /// Anthropic, AWS Bedrock, Google Gemini.
 pub mod providers {

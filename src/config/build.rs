@@ -10,6 +10,7 @@ use tower::ServiceBuilder;
 use tower::ServiceExt as _;
 use tower::util::BoxCloneSyncService;
 use tower_llm_breaker::BreakerLayer;
+use tower_llm_cache::{CacheAnswer, CacheLayer, CacheStore};
 use tower_llm_core::{
     ChatRequest, ChatResponse, ChatStream, Failure, FailureClass, Link, Metrics, RecordsAttempts,
     Tenant,
@@ -259,7 +260,7 @@ impl Policy {
         provider: impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
     ) -> Result<RouteService<Res>, ConfigError>
     where
-        Res: RouteAnswer + IdempotentAnswer + CostAnswer + tower_llm_pool::PoolAnswer,
+        Res: RouteAnswer + IdempotentAnswer + CacheAnswer + CostAnswer + tower_llm_pool::PoolAnswer,
     {
         let hedges = HedgeBudgets::new();
         let quota = self.memory_quota();
@@ -270,6 +271,7 @@ impl Policy {
             hedges: &hedges,
             quota: quota.as_ref(),
             pacers: None,
+            cache: None,
         };
         self.build_route_with(route, with, provider)
     }
@@ -301,7 +303,7 @@ impl Policy {
         mut provider: impl FnMut(&ProviderConfig, &LinkConfig) -> RouteService<Res>,
     ) -> Result<RouteService<Res>, ConfigError>
     where
-        Res: RouteAnswer + IdempotentAnswer + CostAnswer + tower_llm_pool::PoolAnswer,
+        Res: RouteAnswer + IdempotentAnswer + CacheAnswer + CostAnswer + tower_llm_pool::PoolAnswer,
     {
         let BuildContext {
             breaker,
@@ -310,6 +312,7 @@ impl Policy {
             hedges,
             quota,
             pacers,
+            cache,
         } = with;
         let fresh = Pools::new();
         let pacers = pacers.unwrap_or(&fresh);
@@ -564,10 +567,26 @@ impl Policy {
             None => chain,
         };
         let tenants = quota.is_some();
+        let cache = match &r.cache {
+            None => None,
+            Some(config) => {
+                let store = cache.cloned().unwrap_or_else(|| self.cache_store());
+                let layer = CacheLayer::new(config.clone())
+                    .map_err(|e| {
+                        ConfigError::new(format!("route \"{}\": cache: {e}", route.model))
+                    })?
+                    .with_store(store)
+                    .with_metrics(metrics.clone())
+                    .with_tenant(tenant_header as TenantHeader)
+                    .with_headers(inbound_headers as InboundHeadersOf);
+                Some(layer)
+            }
+        };
         let svc = BoxCloneSyncService::new(
             ServiceBuilder::new()
                 .layer(deadline)
                 .option_layer(idempotency.cloned())
+                .option_layer(cache)
                 .map_request(move |mut req: ChatRequest| {
                     if tenants {
                         let id = tenant_header(&req).unwrap_or_default();
@@ -705,9 +724,19 @@ pub struct BuildContext<'a> {
     /// rate-limit headers survives a reload; none: fresh ones, paced by
     /// `rpm` and `tpm` only).
     pub pacers: Option<&'a Pools>,
+    /// Where routes with a `cache` keep their answers (pass the same one
+    /// to every build, and on a reload, so answers survive it; none: a
+    /// store of `[cache]` for this build, [`Policy::cache_store`]).
+    pub cache: Option<&'a Arc<dyn CacheStore>>,
 }
 
 impl Policy {
+    /// An in-process store of `[cache]` (its defaults without it: 64
+    /// MiB) for the routes' caches.
+    pub fn cache_store(&self) -> Arc<dyn CacheStore> {
+        Arc::new(self.cache.unwrap_or_default().memory())
+    }
+
     /// A [`MemoryQuota`] of `[quotas]` (none without it): quotas counted
     /// in this process.
     pub fn memory_quota(&self) -> Option<Arc<dyn QuotaStore>> {
@@ -727,6 +756,14 @@ pub const TENANT_HEADER: &str = "x-tenant-id";
 /// (`café-lyon` in UTF-8, a Latin-1 byte): a tenant id is opaque, never
 /// dropped for not being ASCII.
 pub type TenantHeader = fn(&ChatRequest) -> Option<Vec<u8>>;
+
+/// Where the cache reads a typed request's `Cache-Control` and
+/// `x-llm-risk`: its [`InboundHeaders`].
+pub type InboundHeadersOf = for<'a> fn(&'a ChatRequest) -> Option<&'a http::HeaderMap>;
+
+fn inbound_headers(req: &ChatRequest) -> Option<&http::HeaderMap> {
+    req.extensions.get::<InboundHeaders>().map(|h| &h.0)
+}
 
 pub(super) fn tenant_header(req: &ChatRequest) -> Option<Vec<u8>> {
     Some(

@@ -83,14 +83,16 @@ mod tests;
 mod validate;
 
 pub use build::{
-    BuildContext, COMPLETE_HEADER, HedgeBudgets, RouteAnswer, TENANT_HEADER, TenantHeader,
+    BuildContext, COMPLETE_HEADER, HedgeBudgets, InboundHeadersOf, RouteAnswer, TENANT_HEADER,
+    TenantHeader,
 };
 pub use error::ConfigError;
 pub use keys::{KeyPart, PolicyKey};
 pub use load::HostSettings;
 pub use named::{
     BackoffKind, CostLimit, DEFAULT_DEGRADED_TEXT, DEGRADED_TEMPLATE, FallbackPolicyDoc,
-    FallbackStep, Idempotency, NeverBypass, OperationPolicy, RISK_HEADER, SeedBackoff, SeedClass,
+    FallbackStep, Idempotency, NeverBypass, OperationPolicy, RISK_HEADER, STALE_CACHE, SeedBackoff,
+    SeedClass,
 };
 pub use pool::{DeploymentConfig, PoolConfig, Pools};
 pub use provider::{
@@ -154,6 +156,12 @@ pub struct Policy {
     /// absent (the default), no idempotency layer is built.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency: Option<IdempotencyConfig>,
+    /// `[cache]`: the in-process store of every route's `cache`
+    /// ([`CacheStoreConfig`](tower_llm_cache::CacheStoreConfig):
+    /// `max_bytes`, default 64 MiB). Routes cache only with their own
+    /// `cache` (or a `STALE_CACHE` step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<tower_llm_cache::CacheStoreConfig>,
     /// `[complete]`: hold the streams of requests that carry
     /// `x-llm-complete: true` until complete, on every route
     /// ([`CompleteConfig`](tower_llm_resume::CompleteConfig): `max_bytes`,

@@ -263,7 +263,9 @@ pub enum NeverBypass {
 #[serde(deny_unknown_fields)]
 pub struct FallbackStep {
     /// `target`: `"provider/model"` (a provider's `name` and the model id
-    /// sent to it), or `"DEGRADED_TEMPLATE"`: the degraded answer, last.
+    /// sent to it), `"STALE_CACHE"`: the freshest answer the route's cache
+    /// holds for the same request, flagged stale, after every provider
+    /// step; or `"DEGRADED_TEMPLATE"`: the degraded answer, last.
     pub target: String,
     /// `max_attempts`: this step's attempts (a link's `max_attempts`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -273,22 +275,33 @@ pub struct FallbackStep {
     /// answers with `x-llm-requires-verification: true`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub requires_verification: bool,
-    /// `allowed_for_risk` (`DEGRADED_TEMPLATE` only): the degraded answer
-    /// is given only to requests whose `x-llm-risk` header is one of these;
-    /// the others get the failure.
+    /// `allowed_for_risk` (`DEGRADED_TEMPLATE` and `STALE_CACHE` only):
+    /// the degraded (or stale) answer is given only to requests whose
+    /// `x-llm-risk` header is one of these; the others get the failure (or
+    /// the next step).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_for_risk: Option<Vec<String>>,
     /// `text` (`DEGRADED_TEMPLATE` only): the degraded answer (default
     /// [`DEFAULT_DEGRADED_TEXT`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// `max_stale_ms` (`STALE_CACHE` only, required): how long past its
+    /// freshness a stored answer may still be given (the route cache's
+    /// `stale_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_stale_ms: Option<u64>,
 }
+
+/// The `target` of a stale-safe step: the route's cache answers with an
+/// answer stored earlier when every provider step failed.
+pub const STALE_CACHE: &str = "STALE_CACHE";
 
 /// The `target` of a degraded step.
 pub const DEGRADED_TEMPLATE: &str = "DEGRADED_TEMPLATE";
 
-/// The header `allowed_for_risk` reads.
-pub const RISK_HEADER: &str = "x-llm-risk";
+/// The header `allowed_for_risk` reads (`x-llm-risk`; the cache's
+/// `stale_for_risk` reads it too).
+pub use tower_llm_cache::RISK_HEADER;
 
 /// A degraded step's answer when it sets no `text`.
 pub const DEFAULT_DEGRADED_TEXT: &str =

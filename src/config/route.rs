@@ -12,7 +12,7 @@ use tower_llm_retry::{JitterSpec, NamedJitter, RetryConfig};
 use super::named;
 use super::{
     BackoffKind, ConfigError, CostLimit, DEFAULT_DEGRADED_TEXT, DEGRADED_TEMPLATE, Policy,
-    RISK_HEADER, SeedClass,
+    RISK_HEADER, STALE_CACHE, SeedClass,
 };
 
 /// One link of a chain: `{ provider = "a", model = "gpt-4o-mini" }`,
@@ -295,6 +295,15 @@ pub struct RouteConfig {
     /// requests that ask, with `x-llm-complete: true`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub complete: Option<tower_llm_resume::CompleteConfig>,
+    /// `cache`: answer the same request from the same tenant from a
+    /// response cache, and keep answers for the stale-safe rung
+    /// ([`CacheConfig`](tower_llm_cache::CacheConfig): `ttl_ms`,
+    /// `stale_ms`, `stale_for_risk`, `store_tool_calls`,
+    /// `max_entry_bytes`). The request's `Cache-Control` is honoured
+    /// within these. Default: off. A fallback policy's `STALE_CACHE` step
+    /// sets `stale_ms` and `stale_for_risk`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<tower_llm_cache::CacheConfig>,
     /// `health_ordering_ms`: when failing over, try the alternates
     /// healthiest first by their success rate and latency over this window
     /// (`FallbackBuilder::with_health_ordering`; default off: the written
@@ -351,6 +360,7 @@ impl RouteConfig {
             max_output_tokens: None,
             resume: None,
             complete: None,
+            cache: None,
             health_ordering_ms: None,
             degraded: None,
             degraded_admit: None,
@@ -390,6 +400,11 @@ pub struct ResolvedRoute {
     /// The call's cost budget: the smaller of the route's
     /// `max_total_cost` and its fallback policy's.
     pub max_total_cost: Option<Cost>,
+    /// The route's cache: its `cache`, with a `STALE_CACHE` step's
+    /// `max_stale_ms` and `allowed_for_risk` (a `STALE_CACHE` step
+    /// without a route `cache` keeps answers for the stale rung only:
+    /// `ttl_ms = 0`).
+    pub cache: Option<tower_llm_cache::CacheConfig>,
 }
 
 impl Policy {
@@ -509,6 +524,7 @@ impl Policy {
         let mut degraded_admit = route.degraded_admit.clone();
         let mut fallback_failures = None;
         let mut max_total_cost = route.max_total_cost;
+        let mut cache = route.cache.clone();
         if let Some(doc) = doc {
             let at = format!("fallback policy \"{}\"", doc.fallback_id);
             if let Some(list) = &doc.trigger {
@@ -536,8 +552,56 @@ impl Policy {
             if doc.steps.is_empty() {
                 p.push(format!("{at}: steps is empty"));
             }
+            let mut stale_step = false;
             for (i, step) in doc.steps.iter().enumerate() {
                 let at = format!("{at}: steps[{i}]");
+                if step.target == STALE_CACHE {
+                    let next = doc.steps.get(i + 1).map(|s| s.target.as_str());
+                    if !matches!(next, None | Some(DEGRADED_TEMPLATE)) {
+                        p.push(format!(
+                            "{at}: STALE_CACHE comes after every provider step (and before DEGRADED_TEMPLATE)"
+                        ));
+                    }
+                    if step.max_attempts.is_some()
+                        || step.requires_verification
+                        || step.text.is_some()
+                    {
+                        p.push(format!(
+                            "{at}: max_attempts, requires_verification and text mean nothing on STALE_CACHE"
+                        ));
+                    }
+                    let Some(max_stale_ms) = step.max_stale_ms else {
+                        p.push(format!(
+                            "{at}: STALE_CACHE needs max_stale_ms (how stale an answer may be)"
+                        ));
+                        continue;
+                    };
+                    if cache
+                        .as_ref()
+                        .is_some_and(|c| c.stale_ms > 0 || c.stale_for_risk.is_some())
+                    {
+                        p.push(format!(
+                            "{at}: STALE_CACHE meets the route's own cache.stale_ms"
+                        ));
+                    }
+                    let mut c = cache.take().unwrap_or(tower_llm_cache::CacheConfig {
+                        ttl_ms: 0,
+                        ..tower_llm_cache::CacheConfig::default()
+                    });
+                    c.stale_ms = max_stale_ms;
+                    c.stale_for_risk = step.allowed_for_risk.clone();
+                    if let Err(e) = c.validate() {
+                        p.push(format!("{at}: {e}"));
+                    }
+                    cache = Some(c);
+                    stale_step = true;
+                    continue;
+                }
+                if step.max_stale_ms.is_some() {
+                    p.push(format!(
+                        "{at}: max_stale_ms belongs to a STALE_CACHE step only"
+                    ));
+                }
                 if step.target == DEGRADED_TEMPLATE {
                     if i + 1 != doc.steps.len() {
                         p.push(format!("{at}: DEGRADED_TEMPLATE must be the last step"));
@@ -572,8 +636,11 @@ impl Policy {
                 }
                 if step.allowed_for_risk.is_some() || step.text.is_some() {
                     p.push(format!(
-                        "{at}: allowed_for_risk and text belong to a DEGRADED_TEMPLATE step only"
+                        "{at}: allowed_for_risk and text belong to a DEGRADED_TEMPLATE or STALE_CACHE step only"
                     ));
+                }
+                if stale_step {
+                    p.push(format!("{at}: a provider step after STALE_CACHE"));
                 }
                 match step.target.split_once('/') {
                     Some((provider, model)) if !provider.is_empty() && !model.is_empty() => {
@@ -615,6 +682,7 @@ impl Policy {
             degraded,
             degraded_admit,
             max_total_cost,
+            cache,
         })
     }
     /// `retry.min_attempt_ms`, or its default: 1,000, or a quarter of the

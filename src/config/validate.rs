@@ -47,6 +47,9 @@ impl Policy {
             p.push(format!("stream.{e}"));
         }
         let mut names = HashSet::new();
+        if let Some(Err(e)) = self.cache.as_ref().map(|c| c.validate()) {
+            p.push(format!("cache: {e}"));
+        }
         if let Some(Err(e)) = self.complete.as_ref().map(|c| c.validate()) {
             p.push(format!("complete: {e}"));
         }
@@ -177,6 +180,9 @@ impl Policy {
                     "route \"{}\": deadline_ms must be above 0",
                     route.model
                 ));
+            }
+            if let Some(Err(e)) = route.cache.as_ref().map(|c| c.validate()) {
+                p.push(format!("route \"{}\": cache: {e}", route.model));
             }
             if let Some(Err(e)) = route.resume.as_ref().map(|c| c.validate()) {
                 p.push(format!("route \"{}\": resume: {e}", route.model));

@@ -28,7 +28,8 @@ pub struct CacheEntry {
 ///
 /// Keys come scoped by tenant and hashed (64 hex characters, nothing a
 /// caller chose). A key holds at most one answer, the latest stored; the
-/// store forgets it after the `keep` it was stored with.
+/// store forgets it once it is older than the `keep` it was stored with
+/// (an answer exactly `keep` old is still held: the layer may serve it).
 pub trait CacheStore: Send + Sync + fmt::Debug + 'static {
     /// The answer under `key`, if one is held, with its age.
     fn get(&self, key: Arc<str>) -> BoxFuture<Result<Option<CacheEntry>, StoreError>>;
@@ -84,7 +85,10 @@ struct Inner {
 /// tokio::time::advance(Duration::from_secs(5)).await;
 /// let entry = cache.get("k".into()).await.unwrap().unwrap();
 /// assert_eq!(entry.age, Duration::from_secs(5));
+/// // Held through exactly its `keep`, gone just after.
 /// tokio::time::advance(Duration::from_secs(55)).await;
+/// assert_eq!(cache.get("k".into()).await.unwrap().unwrap().age, Duration::from_secs(60));
+/// tokio::time::advance(Duration::from_millis(1)).await;
 /// assert!(cache.get("k".into()).await.unwrap().is_none());
 /// # }
 /// ```
@@ -128,7 +132,10 @@ impl MemoryCache {
         let mut inner = self.lock();
         let now = Instant::now();
         let held = inner.map.get(key)?;
-        if held.expires <= now {
+        // Held through exactly `keep`: the layer serves an answer whose
+        // age equals its ttl (or its ttl plus stale window), so the store
+        // must not forget it at that instant.
+        if held.expires < now {
             if let Some(gone) = inner.map.remove(key) {
                 inner.bytes = inner.bytes.saturating_sub(gone.bytes);
             }

@@ -18,6 +18,7 @@
 //! | `ai_router_attempts_per_call` | histogram, one per logical call | `final_outcome` (as `outcome`) |
 //! | `ai_router_hedges_total` | counter, one per hedge decision | `outcome` ∈ `won`, `lost`, `skipped_budget` |
 //! | `ai_router_idempotent_replays_total` | counter, one per answer replayed from an idempotency store | none |
+//! | `ai_router_cache_total` | counter, one per call a response cache saw | `status` ∈ `hit`, `miss`, `stale` |
 //! | `ai_router_cost_total` | counter of dollars (a float), added as each priced attempt settles | `provider`, `model` |
 //! | `ai_router_pool_moves_total` | counter, one per call a pool moved away from a deployment (its own fault) | `provider` (the deployment left), `reason` ∈ a failure class label, `paced` |
 //!
@@ -140,6 +141,7 @@ impl HedgeOutcome {
 struct Instruments {
     hedges: Counter<u64>,
     replays: Counter<u64>,
+    cache: Counter<u64>,
     calls: Counter<u64>,
     retries: Counter<u64>,
     failovers: Counter<u64>,
@@ -181,6 +183,12 @@ impl Metrics {
             replays: meter
                 .u64_counter("ai_router_idempotent_replays")
                 .with_description("Answers replayed from an idempotency store (no provider call)")
+                .build(),
+            cache: meter
+                .u64_counter("ai_router_cache")
+                .with_description(
+                    "Calls a response cache saw: answered fresh (hit), by a provider (miss), or stale when every provider failed",
+                )
                 .build(),
             calls: meter
                 .u64_counter("ai_router_calls")
@@ -274,6 +282,13 @@ impl Metrics {
     pub(crate) fn count_idempotent_replay(&self) {
         if let Some(m) = self.inner.as_deref() {
             m.replays.add(1, &[]);
+        }
+    }
+
+    /// Counts one call a response cache saw.
+    pub(crate) fn count_cache(&self, status: crate::CacheStatus) {
+        if let Some(m) = self.inner.as_deref() {
+            m.cache.add(1, &[KeyValue::new("status", status.as_str())]);
         }
     }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tower::util::BoxCloneSyncService;
 use tower_llm::breaker::BreakerLayer;
+use tower_llm::cache::{CacheAnswer, CacheStore};
 use tower_llm::config::{
     BuildContext, ConfigError, EmbeddingService, HedgeBudgets, LinkConfig, Policy, Pools,
     ProviderConfig, ProviderServices, RouteAnswer, RouteConfig, RouteService, TenantHeader,
@@ -81,6 +82,7 @@ pub(crate) fn build(
     bulkheads: &Bulkheads,
     first_tokens: &FirstTokens,
     pacers: &Pools,
+    cache: Option<&Arc<dyn CacheStore>>,
 ) -> Result<Routes, ConfigError> {
     // Each provider once, and once more for each distinct set of link
     // overrides (connect, first-token, idle timeouts) a route asks for.
@@ -179,6 +181,7 @@ pub(crate) fn build(
             hedges,
             quota,
             pacers: Some(pacers),
+            cache,
         };
         let u = route_stack(policy, route, with, &find, |s| s.chat)?;
         let s = route_stack(policy, route, with, &find, |s| s.stream)?;
@@ -219,7 +222,7 @@ pub(crate) fn build(
 
 /// One route's stack over the services `find` gives for its links, the
 /// unary or streaming one (`pick`).
-fn route_stack<Res: RouteAnswer + IdempotentAnswer + CostAnswer + PoolAnswer>(
+fn route_stack<Res: RouteAnswer + IdempotentAnswer + CacheAnswer + CostAnswer + PoolAnswer>(
     policy: &Policy,
     route: &RouteConfig,
     with: BuildContext<'_>,

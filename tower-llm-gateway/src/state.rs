@@ -9,6 +9,7 @@ use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use tokio::sync::Semaphore;
 use tower_llm::breaker::BreakerHandle;
+use tower_llm::cache::CacheStore;
 use tower_llm::config::{ConfigError, HedgeBudgets, Policy, Pools, TenantHeader};
 use tower_llm::idempotency::IdempotencyLayer;
 use tower_llm::{GenAiMetrics, Metrics};
@@ -16,8 +17,8 @@ use tower_llm::{GenAiMetrics, Metrics};
 use crate::config::{GatewayConfig, ServerPolicy};
 use crate::routes::{Bulkheads, FirstTokens, KeySource, Routes, build};
 use crate::stores::{
-    Breakers, IdempotencyKey, RunningPacing, RunningQuota, circuit_gauge, idempotency_of, lock,
-    pacing_of, quota_of,
+    Breakers, CacheKey, IdempotencyKey, RunningPacing, RunningQuota, cache_of, circuit_gauge,
+    idempotency_of, lock, pacing_of, quota_of,
 };
 use crate::transport::Transport;
 
@@ -49,6 +50,9 @@ pub struct Gateway {
     /// The idempotency layer of `[idempotency]` and its settings; kept
     /// (with its stored answers) while they are unchanged.
     idempotency: Mutex<Option<(IdempotencyKey, IdempotencyLayer<TenantHeader>)>>,
+    /// The routes' response cache store and what it was built from; kept
+    /// (with its answers) while unchanged.
+    cache: Mutex<Option<(CacheKey, Arc<dyn CacheStore>)>>,
     /// Each hedged link's budget, one for its unary and streaming stacks,
     /// carried across reloads while the link's hedge is unchanged.
     hedges: Mutex<HedgeBudgets>,
@@ -152,6 +156,7 @@ impl Gateway {
         let layer = lock(&breaker).layer.clone();
         let hedges = HedgeBudgets::new();
         let quota = quota_of(&config, &meter, None)?;
+        let cache = cache_of(&config, None);
         let routes = build(
             policy,
             settings,
@@ -166,6 +171,7 @@ impl Gateway {
             &bulkheads,
             &first_tokens,
             &pacers,
+            cache.as_ref().map(|(_, c)| c),
         )?;
         lock(&breaker).register_circuits(policy);
         let server = settings.server;
@@ -173,6 +179,7 @@ impl Gateway {
             routes: ArcSwap::from_pointee(routes),
             breaker,
             idempotency: Mutex::new(idempotency),
+            cache: Mutex::new(cache),
             hedges: Mutex::new(hedges),
             quota: Mutex::new(quota),
             metrics,
@@ -264,6 +271,8 @@ impl Gateway {
             let running = lock(&self.quota);
             quota_of(&config, &self.meter, running.as_ref())?
         };
+        // An unchanged `[cache]` keeps the store and its answers.
+        let cache = cache_of(&config, lock(&self.cache).as_ref());
         let routes = build(
             policy,
             settings,
@@ -278,6 +287,7 @@ impl Gateway {
             &self.bulkheads,
             &self.first_tokens,
             &self.pacers,
+            cache.as_ref().map(|(_, c)| c),
         )?;
         let mut running = lock(&self.breaker);
         if let Some(b) = breakers {
@@ -286,6 +296,7 @@ impl Gateway {
         running.register_circuits(policy);
         drop(running);
         *lock(&self.idempotency) = idempotency;
+        *lock(&self.cache) = cache;
         *lock(&self.hedges) = hedges;
         *lock(&self.quota) = quota;
         *lock(&self.pacing) = pacing;

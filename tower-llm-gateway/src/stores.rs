@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tower_llm::breaker::KeyFn as _;
 use tower_llm::breaker::{BreakerConfig, BreakerKey, BreakerLayer, BreakerStore};
+use tower_llm::cache::CacheStore;
 use tower_llm::config::{ConfigError, Policy, TenantHeader};
 use tower_llm::cost::{MemoryQuota, QuotaConfig, QuotaStore};
 use tower_llm::idempotency::{IdempotencyConfig, IdempotencyLayer};
@@ -181,6 +182,33 @@ pub(crate) fn idempotency_of(
         }
     };
     Ok(Some(((config, shared.clone()), layer)))
+}
+
+/// What a response cache store was built from: kept across a reload
+/// (with its answers) while unchanged.
+pub(crate) type CacheKey = tower_llm::cache::CacheStoreConfig;
+
+/// The response cache store of `config` (none when no route caches): one
+/// for every route, the running one while its settings are unchanged.
+pub(crate) fn cache_of(
+    config: &GatewayConfig,
+    running: Option<&(CacheKey, Arc<dyn CacheStore>)>,
+) -> Option<(CacheKey, Arc<dyn CacheStore>)> {
+    let policy = &config.policy;
+    let caches = policy
+        .routes
+        .iter()
+        .any(|r| policy.resolve(r).is_ok_and(|r| r.cache.is_some()));
+    if !caches {
+        return None;
+    }
+    let key = policy.cache.unwrap_or_default();
+    if let Some((k, store)) = running {
+        if *k == key {
+            return Some((key, store.clone()));
+        }
+    }
+    Some((key, Arc::new(key.memory())))
 }
 
 /// What a quota store was built from: kept across a reload while

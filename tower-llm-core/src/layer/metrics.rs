@@ -22,6 +22,10 @@ pub trait MetricsExt: Sealed {
     /// (`ai_router_idempotent_replays_total`).
     fn record_idempotent_replay(&self);
 
+    /// Counts one call a response cache saw, by what it did
+    /// (`ai_router_cache_total`).
+    fn record_cache(&self, status: crate::CacheStatus);
+
     /// Adds what one attempt on `link` cost (`ai_router_cost_total`).
     fn record_cost(&self, link: &crate::Link, cost: crate::Cost);
 
@@ -42,6 +46,10 @@ impl MetricsExt for Metrics {
 
     fn record_idempotent_replay(&self) {
         self.count_idempotent_replay();
+    }
+
+    fn record_cache(&self, status: crate::CacheStatus) {
+        self.count_cache(status);
     }
 
     fn record_cost(&self, link: &crate::Link, cost: crate::Cost) {

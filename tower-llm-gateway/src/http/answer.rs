@@ -6,6 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use tokio::sync::OwnedSemaphorePermit;
+use tower_llm::cache::{CacheOutcome, CacheStatus};
 use tower_llm::providers::openai::server::encode_error;
 use tower_llm::{AttemptOutcome, AttemptRecord, Failure};
 
@@ -107,6 +108,25 @@ pub(super) fn insert_answer_flags(
     }
     if replayed {
         headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+}
+
+/// What the route's response cache did: `x-llm-cache: hit | miss |
+/// stale`, with `Age` (whole seconds since the answer was stored) on an
+/// answer taken from the cache, and `x-llm-stale: true` on a stale one.
+pub(super) fn insert_cache(headers: &mut HeaderMap, outcome: Option<CacheOutcome>) {
+    let Some(outcome) = outcome else {
+        return;
+    };
+    headers.insert(
+        "x-llm-cache",
+        HeaderValue::from_static(outcome.status.as_str()),
+    );
+    if outcome.is_from_cache() {
+        headers.insert(header::AGE, HeaderValue::from(outcome.age_secs()));
+    }
+    if outcome.status == CacheStatus::Stale {
+        headers.insert("x-llm-stale", HeaderValue::from_static("true"));
     }
 }
 

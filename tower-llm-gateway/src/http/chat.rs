@@ -21,7 +21,7 @@ use crate::server::Connection;
 
 use super::answer::{
     Held, Holding, MAX_REQUEST_BODY, failure_response, insert_answer_flags, insert_attempts,
-    insert_cost, overloaded, too_large, unknown_route,
+    insert_cache, insert_cost, overloaded, too_large, unknown_route,
 };
 use super::inbound::Inbound;
 use super::sse::sse;
@@ -315,6 +315,7 @@ async fn serve(
                 insert_attempts(out.headers_mut(), &res.attempts, position, Some(&info));
                 insert_cost(out.headers_mut(), &res.attempts);
                 insert_answer_flags(out.headers_mut(), &res.attempts, res.idempotent_replayed);
+                insert_cache(out.headers_mut(), res.cache);
                 if res.degraded {
                     out.headers_mut()
                         .insert("x-llm-degraded", HeaderValue::from_static("true"));

@@ -16,7 +16,7 @@ use crate::Gateway;
 use crate::routes::RouteInfo;
 use crate::server::Connection;
 
-use super::answer::{Held, insert_answer_flags, insert_attempts};
+use super::answer::{Held, insert_answer_flags, insert_attempts, insert_cache};
 use super::inbound::{Frames, Inbound};
 
 /// Stream ids: unique per process.
@@ -67,6 +67,7 @@ pub(super) fn sse(
         insert_attempts(headers, stream.attempts(), Some(position), Some(route));
     }
     insert_answer_flags(headers, stream.attempts(), stream.is_idempotent_replay());
+    insert_cache(headers, stream.cache_outcome());
     let id = inbound.stream_id(STREAMS.fetch_add(1, Ordering::Relaxed));
     // The records of each continuation (a route's `resume`) reach the
     // status page once the stream is over: they come after the headers.

@@ -7,6 +7,7 @@
 mod support;
 
 mod bad_input;
+mod cache;
 mod chat;
 mod cost;
 mod examples;

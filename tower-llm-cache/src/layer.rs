@@ -1,0 +1,394 @@
+//! The cache layer and its service.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+use tower_layer::Layer;
+use tower_llm_core::layer::MetricsExt;
+use tower_llm_core::{
+    CacheOutcome, CacheStatus, Deadline, Failure, FailureClass, LlmRequest, Metrics,
+};
+use tower_llm_idempotency::{IdempotentRequest, NoTenant, TenantFn};
+use tower_service::Service;
+
+use crate::answer::{CacheAnswer, Sink};
+use crate::config::{CacheConfig, InvalidCacheConfig, RISK_HEADER};
+use crate::control::CacheControl;
+use crate::store::{CacheEntry, CacheStore, MemoryCache};
+
+/// Where the cache reads a request's `Cache-Control` and `x-llm-risk`
+/// headers.
+///
+/// [`OwnHeaders`] (the default) reads an `http::Request`'s own headers
+/// ([`LlmRequest::headers`]); a typed request carries none, so a server
+/// that turns HTTP requests into typed ones passes a function that finds
+/// the inbound headers it kept (any `for<'a> fn(&'a Req) -> Option<&'a
+/// HeaderMap>`).
+pub trait CacheHeaders<Req> {
+    /// The request's inbound headers, if it has any.
+    fn headers<'a>(&self, req: &'a Req) -> Option<&'a HeaderMap>;
+}
+
+/// Reads a request's own headers ([`LlmRequest::headers`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OwnHeaders;
+
+impl<Req: LlmRequest> CacheHeaders<Req> for OwnHeaders {
+    fn headers<'a>(&self, req: &'a Req) -> Option<&'a HeaderMap> {
+        req.headers()
+    }
+}
+
+impl<Req> CacheHeaders<Req> for for<'a> fn(&'a Req) -> Option<&'a HeaderMap> {
+    fn headers<'a>(&self, req: &'a Req) -> Option<&'a HeaderMap> {
+        self(req)
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) config: CacheConfig,
+    pub(crate) store: Arc<dyn CacheStore>,
+    pub(crate) metrics: Metrics,
+    /// Set once a store error has been logged (one line per outage, not
+    /// one per call).
+    pub(crate) logged: AtomicBool,
+}
+
+/// A response cache for a route; see the [crate docs](crate).
+#[derive(Clone)]
+pub struct CacheLayer<T = NoTenant, H = OwnHeaders> {
+    shared: Arc<Shared>,
+    tenant: T,
+    headers: H,
+}
+
+impl<T: fmt::Debug, H> fmt::Debug for CacheLayer<T, H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheLayer")
+            .field("config", &self.shared.config)
+            .field("store", &self.shared.store)
+            .field("tenant", &self.tenant)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CacheLayer {
+    /// A layer with `config`, a [`MemoryCache`] of 64 MiB of its own, no
+    /// tenants, the request's own headers and the global metrics.
+    ///
+    /// # Errors
+    ///
+    /// When `config` does not [validate](CacheConfig::validate).
+    pub fn new(config: CacheConfig) -> Result<Self, InvalidCacheConfig> {
+        config.validate()?;
+        Ok(CacheLayer {
+            shared: Arc::new(Shared {
+                config,
+                store: Arc::new(MemoryCache::default()),
+                metrics: Metrics::global(),
+                logged: AtomicBool::new(false),
+            }),
+            tenant: NoTenant,
+            headers: OwnHeaders,
+        })
+    }
+}
+
+impl<T, H> CacheLayer<T, H> {
+    /// Keeps answers in `store` instead (one store for every route of a
+    /// server, or one shared between replicas).
+    #[must_use]
+    pub fn with_store(self, store: Arc<dyn CacheStore>) -> Self {
+        self.with_shared(|s| s.store = store)
+    }
+
+    /// Counts `ai_router_cache_total` on `metrics` instead of the global
+    /// meter's.
+    #[must_use]
+    pub fn with_metrics(self, metrics: Metrics) -> Self {
+        self.with_shared(|s| s.metrics = metrics)
+    }
+
+    /// Scopes answers by `tenant` (opaque bytes; see [`TenantFn`]): two
+    /// tenants asking the same thing never share an answer.
+    pub fn with_tenant<T2>(self, tenant: T2) -> CacheLayer<T2, H> {
+        CacheLayer {
+            shared: self.shared,
+            tenant,
+            headers: self.headers,
+        }
+    }
+
+    /// Reads `Cache-Control` and `x-llm-risk` through `headers`.
+    pub fn with_headers<H2>(self, headers: H2) -> CacheLayer<T, H2> {
+        CacheLayer {
+            shared: self.shared,
+            tenant: self.tenant,
+            headers,
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &CacheConfig {
+        &self.shared.config
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn CacheStore> {
+        &self.shared.store
+    }
+
+    fn with_shared(self, change: impl FnOnce(&mut Shared)) -> Self {
+        let mut shared = Shared {
+            config: self.shared.config.clone(),
+            store: self.shared.store.clone(),
+            metrics: self.shared.metrics.clone(),
+            logged: AtomicBool::new(false),
+        };
+        change(&mut shared);
+        CacheLayer {
+            shared: Arc::new(shared),
+            tenant: self.tenant,
+            headers: self.headers,
+        }
+    }
+}
+
+impl<S, T: Clone, H: Clone> Layer<S> for CacheLayer<T, H> {
+    type Service = Cache<S, T, H>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Cache {
+            inner,
+            shared: self.shared.clone(),
+            tenant: self.tenant.clone(),
+            headers: self.headers.clone(),
+        }
+    }
+}
+
+/// The service built by [`CacheLayer`].
+#[derive(Clone)]
+pub struct Cache<S, T = NoTenant, H = OwnHeaders> {
+    inner: S,
+    shared: Arc<Shared>,
+    tenant: T,
+    headers: H,
+}
+
+impl<S: fmt::Debug, T, H> fmt::Debug for Cache<S, T, H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cache")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, T, H> Cache<S, T, H> {
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+/// The store's key: SHA-256 over the tenant and the request's
+/// fingerprint, hex (fixed length, nothing the caller chose reaches the
+/// store as it is).
+fn key_of(tenant: Option<&[u8]>, fingerprint: &[u8; 32]) -> Arc<str> {
+    let mut hasher = Sha256::new();
+    hasher.update(b"tower-llm-cache\0");
+    match tenant {
+        Some(t) => {
+            hasher.update([1]);
+            hasher.update((t.len() as u64).to_be_bytes());
+            hasher.update(t);
+        }
+        None => hasher.update([0]),
+    }
+    hasher.update(fingerprint);
+    let digest: [u8; 32] = hasher.finalize().into();
+    let mut hex = String::with_capacity(64);
+    for b in digest {
+        use std::fmt::Write;
+        let _ = write!(hex, "{b:02x}");
+    }
+    Arc::from(hex)
+}
+
+/// What one call may take from the cache and give it, from the route's
+/// settings and the request's headers.
+#[derive(Debug, Clone, Copy)]
+struct Terms {
+    /// The oldest answer served as a hit (`None`: no hits).
+    fresh: Option<Duration>,
+    /// The oldest answer served stale when every provider failed (`None`:
+    /// no stale answers).
+    stale: Option<Duration>,
+    /// Whether the answer may be stored.
+    store: bool,
+}
+
+impl Terms {
+    fn of(config: &CacheConfig, headers: Option<&HeaderMap>) -> Self {
+        let cc = headers.map(CacheControl::from_headers).unwrap_or_default();
+        let ttl = config.ttl();
+        let fresh =
+            (!cc.no_cache && !ttl.is_zero()).then(|| cc.max_age.map_or(ttl, |age| age.min(ttl)));
+        let admitted = match &config.stale_for_risk {
+            None => true,
+            Some(risks) => headers
+                .and_then(|h| h.get(RISK_HEADER))
+                .is_some_and(|v| risks.iter().any(|r| r.as_bytes() == v.as_bytes())),
+        };
+        let window = cc
+            .stale_if_error
+            .map_or(config.stale(), |s| s.min(config.stale()));
+        let stale = (admitted && !window.is_zero()).then(|| ttl.saturating_add(window));
+        Terms {
+            fresh,
+            stale,
+            store: !cc.no_store,
+        }
+    }
+}
+
+/// `true` for failures meaning no provider could serve now, which the
+/// stale-safe rung answers; never for a request refused on its merits
+/// (bad request, auth, a budget, a content filter).
+fn providers_down(f: &Failure) -> bool {
+    matches!(
+        f.class(),
+        FailureClass::Transient
+            | FailureClass::RateLimited
+            | FailureClass::QuotaExhausted
+            | FailureClass::Timeout
+            | FailureClass::CircuitOpen
+            | FailureClass::InvalidResponse
+            | FailureClass::DeadlineExceeded
+    )
+}
+
+/// The response future of [`Cache`].
+pub type ResponseFuture<R> = Pin<Box<dyn Future<Output = Result<R, Failure>> + Send>>;
+
+impl<S, T, H, Req> Service<Req> for Cache<S, T, H>
+where
+    S: Service<Req, Error = Failure> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Response: CacheAnswer,
+    T: TenantFn<Req>,
+    H: CacheHeaders<Req>,
+    Req: IdempotentRequest + Send + 'static,
+{
+    type Response = S::Response;
+    type Error = Failure;
+    type Future = ResponseFuture<S::Response>;
+
+    #[inline]
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let shared = self.shared.clone();
+        let terms = Terms::of(&shared.config, self.headers.headers(&req));
+        let key = key_of(self.tenant.tenant(&req).as_deref(), &req.fingerprint().0);
+        let deadline = Deadline::of(&req);
+        // The service was made ready for this call: it goes with the call
+        // (which first looks the answer up).
+        let clone = self.inner.clone();
+        let mut service = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let found = if terms.fresh.is_some() || terms.stale.is_some() {
+                match shared.store.get(key.clone()).await {
+                    Ok(found) => {
+                        shared.logged.store(false, Ordering::Relaxed);
+                        found
+                    }
+                    Err(e) => {
+                        if !shared.logged.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(error = %e, "response cache unavailable; calls go to providers");
+                        }
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            if let Some(CacheEntry { stored, age }) = &found {
+                if terms.fresh.is_some_and(|fresh| *age <= fresh) {
+                    if let Some(answer) =
+                        S::Response::from_cache(stored, CacheOutcome::new(CacheStatus::Hit, *age))
+                    {
+                        shared.metrics.record_cache(CacheStatus::Hit);
+                        return Ok(answer);
+                    }
+                }
+            }
+            // A candidate for the stale-safe rung: the answer found now,
+            // if it is young enough.
+            let stale = found.filter(|e| terms.stale.is_some_and(|limit| e.age <= limit));
+            let sink = Sink {
+                store: shared.store.clone(),
+                key,
+                keep: shared.config.keep(),
+                max_entry_bytes: usize::try_from(shared.config.max_entry_bytes)
+                    .unwrap_or(usize::MAX),
+                store_tool_calls: shared.config.store_tool_calls,
+            };
+            let call = service.call(req);
+            let result = match (&stale, deadline) {
+                // With a stale answer in hand, the call ends at the
+                // deadline with it rather than with the deadline's error
+                // (an answer ready in the same poll as the deadline wins).
+                (Some(_), Some(deadline)) => {
+                    let mut call = std::pin::pin!(call);
+                    let mut end = std::pin::pin!(tokio::time::sleep(deadline.remaining()));
+                    std::future::poll_fn(|cx| {
+                        if let Poll::Ready(r) = call.as_mut().poll(cx) {
+                            return Poll::Ready(Some(r));
+                        }
+                        end.as_mut().poll(cx).map(|()| None)
+                    })
+                    .await
+                }
+                _ => Some(call.await),
+            };
+            let failed = match &result {
+                Some(Ok(answer)) => answer.is_degraded(),
+                Some(Err(f)) => providers_down(f),
+                None => true,
+            };
+            if failed {
+                if let Some(CacheEntry { stored, age }) = &stale {
+                    let outcome = CacheOutcome::new(CacheStatus::Stale, *age);
+                    if let Some(answer) = S::Response::from_cache(stored, outcome) {
+                        shared.metrics.record_cache(CacheStatus::Stale);
+                        return Ok(answer);
+                    }
+                }
+            }
+            shared.metrics.record_cache(CacheStatus::Miss);
+            match result {
+                Some(Ok(answer)) if terms.store && !answer.is_degraded() => {
+                    Ok(answer.store(sink).with_cache_outcome(CacheOutcome::MISS))
+                }
+                Some(Ok(answer)) => Ok(answer.with_cache_outcome(CacheOutcome::MISS)),
+                Some(Err(f)) => Err(f),
+                None => Err(Failure::deadline_exceeded()),
+            }
+        })
+    }
+}
