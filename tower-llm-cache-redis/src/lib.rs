@@ -8,6 +8,22 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
+//! use tower_llm_cache::{CacheConfig, CacheLayer};
+//! use tower_llm_cache_redis::RedisCache;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let layer = CacheLayer::new(CacheConfig::default())?
+//!     .with_store(Arc::new(RedisCache::open("redis://127.0.0.1:6379")?));
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The store on its own (what the layer does with it):
+//!
+//! ```no_run
+//! use std::sync::Arc;
 //! use std::time::Duration;
 //! use tower_llm_cache::CacheStore;
 //! use tower_llm_cache_redis::RedisCache;
@@ -36,7 +52,9 @@
 //!
 //! - **put**: reads the server's clock (`TIME`), replaces the key with
 //!   `at` (that clock in ms) and `answer` (`serde_json` of `Stored`), and
-//!   sets it to expire after `keep` (`PEXPIRE`).
+//!   sets it to expire after `keep` (`PEXPIRE`; Redis forgets a key
+//!   once it is past its expiry, so an answer exactly `keep` old, by the
+//!   millisecond, is still held, as the `CacheStore` contract asks).
 //! - **get**: replies the server's clock with the entry, so the age is
 //!   `now - at` on one clock, the same on every replica (and zero, never
 //!   negative, if the server's clock went back).
