@@ -29,7 +29,10 @@ fn answer() -> ChatResponse {
         .build()
 }
 
-fn bare() -> impl Service<ChatRequest, Response = ChatResponse, Error = Failure> + Clone {
+type Ready = std::future::Ready<Result<ChatResponse, Failure>>;
+
+fn bare()
+-> impl Service<ChatRequest, Response = ChatResponse, Error = Failure, Future = Ready> + Clone {
     service_fn(|_req: ChatRequest| std::future::ready(Ok::<_, Failure>(answer())))
 }
 
@@ -104,7 +107,7 @@ fn main() {
         move || {
             let mut req = base.clone();
             let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            req.messages.push(Message::user(format!("and {n}?")));
+            Arc::make_mut(&mut req.messages).push(Message::user(format!("and {n}?")));
             req
         }
     };

@@ -331,7 +331,7 @@ where
                     }
                     Err(e) => {
                         if !shared.logged.swap(true, Ordering::Relaxed) {
-                            tracing::warn!(error = %e, "response cache unavailable; calls go to providers");
+                            tracing::warn!(error = %e.0, "response cache unavailable; calls go to providers");
                         }
                         None
                     }

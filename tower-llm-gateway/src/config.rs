@@ -91,6 +91,17 @@ impl GatewayConfig {
             }
             shared.check("idempotency_shared", &mut p);
         }
+        if let Some(shared) = &s.cache_shared {
+            let policy = &self.policy;
+            let caches = policy
+                .routes
+                .iter()
+                .any(|r| policy.resolve(r).is_ok_and(|r| r.cache.is_some()));
+            if !caches {
+                p.push("cache_shared needs a route with a cache".to_owned());
+            }
+            shared.check("cache_shared", &mut p);
+        }
         if let Some(shared) = &s.quotas_shared {
             if self.policy.quotas.is_none() {
                 p.push("quotas_shared needs a [quotas] table".to_owned());
@@ -140,6 +151,12 @@ pub struct GatewaySettings {
     /// `[idempotency]`. Default: none, in-process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_shared: Option<SharedIdempotencyPolicy>,
+    /// `[cache_shared]`: keep the routes' cached answers in Redis, shared
+    /// by every replica (the store is `tower_llm_cache_redis`'s; while
+    /// Redis is down each replica caches in-process). Needs a route with a
+    /// `cache` (or a `STALE_CACHE` step). Default: none, in-process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_shared: Option<SharedRedis>,
     /// `[quotas_shared]`: count `[quotas]` in Redis, exactly, for every
     /// replica at once (the store is `tower_llm_cost_redis`'s). Needs
     /// `[quotas]`. Default: none, each process counts its own.
@@ -212,6 +229,7 @@ impl HostSettings for GatewaySettings {
         "health",
         "breaker_shared",
         "idempotency_shared",
+        "cache_shared",
         "quotas_shared",
         "pools_shared",
     ];

@@ -9,7 +9,6 @@ use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use tokio::sync::Semaphore;
 use tower_llm::breaker::BreakerHandle;
-use tower_llm::cache::CacheStore;
 use tower_llm::config::{ConfigError, HedgeBudgets, Policy, Pools, TenantHeader};
 use tower_llm::idempotency::IdempotencyLayer;
 use tower_llm::{GenAiMetrics, Metrics};
@@ -17,7 +16,7 @@ use tower_llm::{GenAiMetrics, Metrics};
 use crate::config::{GatewayConfig, ServerPolicy};
 use crate::routes::{Bulkheads, FirstTokens, KeySource, Routes, build};
 use crate::stores::{
-    Breakers, CacheKey, IdempotencyKey, RunningPacing, RunningQuota, cache_of, circuit_gauge,
+    Breakers, IdempotencyKey, RunningCache, RunningPacing, RunningQuota, cache_of, circuit_gauge,
     idempotency_of, lock, pacing_of, quota_of,
 };
 use crate::transport::Transport;
@@ -52,7 +51,7 @@ pub struct Gateway {
     idempotency: Mutex<Option<(IdempotencyKey, IdempotencyLayer<TenantHeader>)>>,
     /// The routes' response cache store and what it was built from; kept
     /// (with its answers) while unchanged.
-    cache: Mutex<Option<(CacheKey, Arc<dyn CacheStore>)>>,
+    cache: Mutex<Option<RunningCache>>,
     /// Each hedged link's budget, one for its unary and streaming stacks,
     /// carried across reloads while the link's hedge is unchanged.
     hedges: Mutex<HedgeBudgets>,
@@ -156,7 +155,7 @@ impl Gateway {
         let layer = lock(&breaker).layer.clone();
         let hedges = HedgeBudgets::new();
         let quota = quota_of(&config, &meter, None)?;
-        let cache = cache_of(&config, None);
+        let cache = cache_of(&config, None)?;
         let routes = build(
             policy,
             settings,
@@ -272,7 +271,10 @@ impl Gateway {
             quota_of(&config, &self.meter, running.as_ref())?
         };
         // An unchanged `[cache]` keeps the store and its answers.
-        let cache = cache_of(&config, lock(&self.cache).as_ref());
+        let cache = {
+            let running = lock(&self.cache);
+            cache_of(&config, running.as_ref())?
+        };
         let routes = build(
             policy,
             settings,

@@ -11,9 +11,12 @@ use tower_llm::cost::{MemoryQuota, QuotaConfig, QuotaStore};
 use tower_llm::idempotency::{IdempotencyConfig, IdempotencyLayer};
 use tower_llm::{ChatRequest, Link, Metrics};
 use tower_llm_breaker_redis::RedisBreakerStore;
+use tower_llm_cache_redis::RedisCache;
 use tower_llm_idempotency_redis::RedisIdempotencyStore;
 
-use crate::config::{GatewayConfig, SharedBreakerPolicy, SharedIdempotencyPolicy, SharedQuotas};
+use crate::config::{
+    GatewayConfig, SharedBreakerPolicy, SharedIdempotencyPolicy, SharedQuotas, SharedRedis,
+};
 use tower_llm_cost_redis::RedisQuota;
 use tower_llm_pool_redis::RedisPacing;
 
@@ -186,29 +189,56 @@ pub(crate) fn idempotency_of(
 
 /// What a response cache store was built from: kept across a reload
 /// (with its answers) while unchanged.
-pub(crate) type CacheKey = tower_llm::cache::CacheStoreConfig;
+pub(crate) type CacheKey = (tower_llm::cache::CacheStoreConfig, Option<SharedRedis>);
+
+/// The running response cache store and what it was built from.
+pub(crate) type RunningCache = (CacheKey, Arc<dyn CacheStore>);
 
 /// The response cache store of `config` (none when no route caches): one
-/// for every route, the running one while its settings are unchanged.
+/// for every route, on Redis when `[cache_shared]` says so (built inside
+/// the runtime), the running one while its settings are unchanged.
 pub(crate) fn cache_of(
     config: &GatewayConfig,
-    running: Option<&(CacheKey, Arc<dyn CacheStore>)>,
-) -> Option<(CacheKey, Arc<dyn CacheStore>)> {
+    running: Option<&RunningCache>,
+) -> Result<Option<RunningCache>, ConfigError> {
     let policy = &config.policy;
     let caches = policy
         .routes
         .iter()
         .any(|r| policy.resolve(r).is_ok_and(|r| r.cache.is_some()));
     if !caches {
-        return None;
+        return Ok(None);
     }
-    let key = policy.cache.unwrap_or_default();
+    let key = (
+        policy.cache.unwrap_or_default(),
+        config.settings.cache_shared.clone(),
+    );
     if let Some((k, store)) = running {
         if *k == key {
-            return Some((key, store.clone()));
+            return Ok(Some((key, store.clone())));
         }
     }
-    Some((key, Arc::new(key.memory())))
+    let store: Arc<dyn CacheStore> = match &key.1 {
+        None => Arc::new(key.0.memory()),
+        Some(shared) => {
+            let mut builder = RedisCache::builder(&shared.redis)
+                .map_err(|e| ConfigError::new(format!("cache_shared: {e}")))?
+                .with_local_max_bytes(usize::try_from(key.0.max_bytes).unwrap_or(usize::MAX));
+            if let Some(prefix) = &shared.prefix {
+                builder = builder.with_prefix(prefix.clone());
+            }
+            let store = builder
+                .build()
+                .map_err(|e| ConfigError::new(format!("cache_shared: {e}")))?;
+            tracing::info!(
+                target: "gateway",
+                redis = %shared.redacted(),
+                "cached answers are shared on Redis"
+            );
+            Arc::new(store)
+        }
+    };
+    Ok(Some((key, store)))
 }
 
 /// What a quota store was built from: kept across a reload while

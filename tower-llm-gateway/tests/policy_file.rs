@@ -89,6 +89,7 @@ fn the_readme_reference_sets_every_key_and_loads_as_it_is() {
         "routes[].chain[].prefill",
         "complete.max_bytes",
         "cache.max_bytes",
+        "cache_shared.prefix",
         "routes[].cache.stale_for_risk",
         "routes[].cache.store_tool_calls",
         "fallback_policies[].steps[].max_stale_ms",

@@ -9,6 +9,7 @@ mod memory;
 mod pools;
 mod quotas;
 mod server_builder;
+mod shared_cache;
 mod shared_circuits;
 mod support;
 mod workers;
