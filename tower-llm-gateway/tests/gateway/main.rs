@@ -10,6 +10,7 @@ mod bad_input;
 mod cache;
 mod chat;
 mod cost;
+mod dashboards;
 mod examples;
 mod hostile;
 mod inbound;
