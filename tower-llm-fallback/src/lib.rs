@@ -20,7 +20,7 @@
 //! });
 //! let backup = service_fn(|req: ChatRequest| async move {
 //!     Ok::<_, Failure>(ChatResponse {
-//!         id: "1".into(), model: req.model.to_string(), provider: "anthropic".into(), fallback_position: 0, degraded: false, idempotent_replayed: false,
+//!         id: "1".into(), model: req.model.to_string(), provider: "anthropic".into(), fallback_position: 0, degraded: false, idempotent_replayed: false, cache: None,
 //!         choices: vec![], usage: Usage::default(), latency: Duration::ZERO, attempts: vec![],
 //!     })
 //! });

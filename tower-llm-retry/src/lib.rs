@@ -21,7 +21,7 @@
 //!         return Err(Failure::new(FailureClass::Transient));
 //!     }
 //!     Ok(ChatResponse {
-//!         id: "1".into(), model: req.model.to_string(), provider: "mock".into(), fallback_position: 0, degraded: false, idempotent_replayed: false, choices: vec![],
+//!         id: "1".into(), model: req.model.to_string(), provider: "mock".into(), fallback_position: 0, degraded: false, idempotent_replayed: false, cache: None, choices: vec![],
 //!         usage: Usage::default(), latency: Duration::ZERO, attempts: vec![],
 //!     })
 //! });
