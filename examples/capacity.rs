@@ -419,7 +419,11 @@ async fn main() -> Result<(), BoxError> {
                 let chunks = args.chunks;
                 tasks.push(tokio::spawn(async move {
                     let outcome = one_stream(gw_addr, body, chunks, every, &st).await;
-                    *st.outcomes.lock().unwrap().entry(outcome).or_default() += 1;
+                    *st.outcomes
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .entry(outcome)
+                        .or_default() += 1;
                 }));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -498,7 +502,11 @@ async fn main() -> Result<(), BoxError> {
         rss_kib(gw_pid) as f64 / 1024.0,
         open_fds(gw_pid)
     );
-    let outcomes = st.outcomes.lock().unwrap().clone();
+    let outcomes = st
+        .outcomes
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
     let whole = outcomes.get("whole").copied().unwrap_or(0);
     println!("outcomes: {outcomes:?}");
     println!("errors or short streams: {}", args.streams - whole);

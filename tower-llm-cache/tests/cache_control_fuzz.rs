@@ -47,8 +47,20 @@ fn directive() -> impl Strategy<Value = Directive> {
 }
 
 fn written(d: &Directive, upper: bool, quoted: bool, space: &str) -> String {
-    let name = |n: &str| if upper { n.to_ascii_uppercase() } else { n.to_owned() };
-    let value = |v: u32| if quoted { format!("\"{v}\"") } else { v.to_string() };
+    let name = |n: &str| {
+        if upper {
+            n.to_ascii_uppercase()
+        } else {
+            n.to_owned()
+        }
+    };
+    let value = |v: u32| {
+        if quoted {
+            format!("\"{v}\"")
+        } else {
+            v.to_string()
+        }
+    };
     match d {
         Directive::NoCache => name("no-cache"),
         Directive::NoStore => name("no-store"),
