@@ -577,7 +577,7 @@ impl Policy {
                     })?
                     .with_store(store)
                     .with_metrics(metrics.clone())
-                    .with_tenant(tenant_header as TenantHeader)
+                    .with_tenant(CacheScope::of(&r.chain))
                     .with_headers(inbound_headers as InboundHeadersOf);
                 Some(layer)
             }
@@ -756,6 +756,59 @@ pub const TENANT_HEADER: &str = "x-tenant-id";
 /// (`café-lyon` in UTF-8, a Latin-1 byte): a tenant id is opaque, never
 /// dropped for not being ASCII.
 pub type TenantHeader = fn(&ChatRequest) -> Option<Vec<u8>>;
+
+/// What a route's cached answers are scoped by: the tenant
+/// ([`TENANT_HEADER`]) and, when links of the route admit requests by a
+/// header (`admit`), that header's value, so a request never gets an
+/// answer from a link it may not use.
+#[derive(Debug, Clone)]
+struct CacheScope {
+    admit_headers: Arc<[String]>,
+}
+
+impl CacheScope {
+    fn of(chain: &[LinkConfig]) -> Self {
+        let mut headers: Vec<String> = chain
+            .iter()
+            .filter_map(|l| l.admit.as_ref().map(|a| a.header.to_ascii_lowercase()))
+            .collect();
+        headers.sort();
+        headers.dedup();
+        CacheScope {
+            admit_headers: headers.into(),
+        }
+    }
+}
+
+impl tower_llm_idempotency::TenantFn<ChatRequest> for CacheScope {
+    fn tenant(&self, req: &ChatRequest) -> Option<Vec<u8>> {
+        let tenant = tenant_header(req);
+        if self.admit_headers.is_empty() {
+            return tenant;
+        }
+        // Each part length-prefixed, absent told from empty: no two
+        // scopes encode alike.
+        let mut scope = Vec::new();
+        let mut part = |value: Option<&[u8]>| match value {
+            Some(v) => {
+                scope.push(1);
+                scope.extend_from_slice(&(v.len() as u64).to_be_bytes());
+                scope.extend_from_slice(v);
+            }
+            None => scope.push(0),
+        };
+        part(tenant.as_deref());
+        let headers = req.extensions.get::<InboundHeaders>();
+        for name in self.admit_headers.iter() {
+            part(
+                headers
+                    .and_then(|h| h.0.get(name.as_str()))
+                    .map(http::HeaderValue::as_bytes),
+            );
+        }
+        Some(scope)
+    }
+}
 
 /// Where the cache reads a typed request's `Cache-Control` and
 /// `x-llm-risk`: its [`InboundHeaders`].

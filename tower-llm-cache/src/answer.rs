@@ -41,7 +41,11 @@ pub struct Sink {
     pub(crate) keep: Duration,
     pub(crate) max_entry_bytes: usize,
     pub(crate) store_tool_calls: bool,
+    pub(crate) writes: Arc<tokio::sync::Semaphore>,
 }
+
+/// The most background writes to a shared store at once, per layer.
+pub(crate) const MAX_WRITES: usize = 64;
 
 impl std::fmt::Debug for Sink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -74,8 +78,17 @@ impl Sink {
         let mut fut = self.store.put(self.key, Arc::new(stored), bytes, self.keep);
         let mut cx = Context::from_waker(std::task::Waker::noop());
         if fut.as_mut().poll(&mut cx).is_pending() {
+            // A shared store's write goes on in the background, at most
+            // `MAX_WRITES` at once (each holds its answer): past that, the
+            // answer is served but not stored.
+            let Ok(permit) = self.writes.try_acquire_owned() else {
+                return;
+            };
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(fut);
+                handle.spawn(async move {
+                    let _ = fut.await;
+                    drop(permit);
+                });
             }
         }
     }

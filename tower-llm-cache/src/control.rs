@@ -85,18 +85,15 @@ impl CacheControl {
         if !value.is_ascii() {
             return None;
         }
-        for part in value.split(|&b| b == b',') {
-            let part = part.trim_ascii();
+        for part in Elements::new(value) {
+            let part = part?.trim_ascii();
             if part.is_empty() {
                 // `a, , b` and a trailing comma: empty list elements are
                 // allowed (RFC 9110 §5.6.1).
                 continue;
             }
             let (name, arg) = match part.iter().position(|&b| b == b'=') {
-                Some(i) => (
-                    part[..i].trim_ascii(),
-                    Some(unquote(part[i + 1..].trim_ascii())?),
-                ),
+                Some(i) => (part[..i].trim_ascii(), Some(part[i + 1..].trim_ascii())),
                 None => (part, None),
             };
             if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
@@ -114,14 +111,86 @@ impl CacheControl {
                 }
                 self.no_store = true;
             } else if name.eq_ignore_ascii_case(b"max-age") {
-                set_once(&mut self.max_age, seconds(arg?)?)?;
+                set_once(&mut self.max_age, seconds(unquote(arg?)?)?)?;
             } else if name.eq_ignore_ascii_case(b"stale-if-error") {
-                set_once(&mut self.stale_if_error, seconds(arg?)?)?;
+                set_once(&mut self.stale_if_error, seconds(unquote(arg?)?)?)?;
+            } else if let Some(arg) = arg {
+                // Not ours: ignored, as long as its value is a token or a
+                // whole quoted string.
+                if arg.is_empty() || (arg.contains(&b'"') && !is_quoted(arg)) {
+                    return None;
+                }
             }
-            // Anything else: not ours, ignored.
         }
         Some(())
     }
+}
+
+/// The elements of a comma-separated list, split on commas outside
+/// quoted strings (RFC 9110 §5.6.4: `ext="a,b"` is one element; `\`
+/// escapes the next character inside quotes). An unterminated quote
+/// makes the last element `None` (malformed).
+struct Elements<'a> {
+    rest: &'a [u8],
+    done: bool,
+}
+
+impl<'a> Elements<'a> {
+    fn new(value: &'a [u8]) -> Self {
+        Elements {
+            rest: value,
+            done: false,
+        }
+    }
+}
+
+impl<'a> Iterator for Elements<'a> {
+    type Item = Option<&'a [u8]>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let (mut quoted, mut escaped) = (false, false);
+        for (i, &b) in self.rest.iter().enumerate() {
+            if quoted {
+                match (escaped, b) {
+                    (true, _) => escaped = false,
+                    (false, b'\\') => escaped = true,
+                    (false, b'"') => quoted = false,
+                    _ => {}
+                }
+            } else if b == b'"' {
+                quoted = true;
+            } else if b == b',' {
+                let element = &self.rest[..i];
+                self.rest = &self.rest[i + 1..];
+                return Some(Some(element));
+            }
+        }
+        self.done = true;
+        if quoted {
+            return Some(None);
+        }
+        Some(Some(self.rest))
+    }
+}
+
+/// `true` for one whole quoted string (escapes allowed inside).
+fn is_quoted(arg: &[u8]) -> bool {
+    let [b'"', inner @ .., b'"'] = arg else {
+        return false;
+    };
+    let mut escaped = false;
+    for &b in inner {
+        match (escaped, b) {
+            (true, _) => escaped = false,
+            (false, b'\\') => escaped = true,
+            (false, b'"') => return false,
+            _ => {}
+        }
+    }
+    !escaped
 }
 
 /// Sets `slot` to `value`, refusing a second, different value.
@@ -216,6 +285,21 @@ mod tests {
             cc("max-age=5, max-age=5").unwrap().max_age,
             Some(Duration::from_secs(5))
         );
+    }
+
+    #[test]
+    fn a_comma_inside_a_quoted_value_does_not_split_the_list() {
+        assert_eq!(
+            cc(r#"no-store, ext="a,b", max-age=5"#),
+            Some(CacheControl {
+                no_store: true,
+                max_age: Some(Duration::from_secs(5)),
+                ..CacheControl::default()
+            })
+        );
+        assert!(cc(r#"no-store, ext="a\"b,c""#).unwrap().no_store);
+        assert_eq!(cc(r#"no-store, ext="open"#), None);
+        assert_eq!(cc(r#"no-store, ext=a"b"#), None);
     }
 
     #[test]

@@ -13,7 +13,8 @@ use sha2::{Digest, Sha256};
 use tower_layer::Layer;
 use tower_llm_core::layer::MetricsExt;
 use tower_llm_core::{
-    CacheOutcome, CacheStatus, Deadline, Failure, FailureClass, LlmRequest, Metrics,
+    AttemptLog, AttemptOutcome, CacheOutcome, CacheStatus, Deadline, Failure, FailureClass,
+    LlmRequest, Metrics,
 };
 use tower_llm_idempotency::{IdempotentRequest, NoTenant, TenantFn};
 use tower_service::Service;
@@ -21,7 +22,7 @@ use tower_service::Service;
 use crate::answer::{CacheAnswer, Sink};
 use crate::config::{CacheConfig, InvalidCacheConfig, RISK_HEADER};
 use crate::control::CacheControl;
-use crate::store::{CacheEntry, CacheStore, MemoryCache};
+use crate::store::{CacheEntry, CacheStore, MemoryCache, StoreError};
 
 /// Where the cache reads a request's `Cache-Control` and `x-llm-risk`
 /// headers.
@@ -59,6 +60,8 @@ pub(crate) struct Shared {
     /// Set once a store error has been logged (one line per outage, not
     /// one per call).
     pub(crate) logged: AtomicBool,
+    /// Background writes to the store in flight (bounded).
+    pub(crate) writes: Arc<tokio::sync::Semaphore>,
 }
 
 /// A response cache for a route; see the [crate docs](crate).
@@ -94,6 +97,7 @@ impl CacheLayer {
                 store: Arc::new(MemoryCache::default()),
                 metrics: Metrics::global(),
                 logged: AtomicBool::new(false),
+                writes: Arc::new(tokio::sync::Semaphore::new(crate::answer::MAX_WRITES)),
             }),
             tenant: NoTenant,
             headers: OwnHeaders,
@@ -151,6 +155,7 @@ impl<T, H> CacheLayer<T, H> {
             store: self.shared.store.clone(),
             metrics: self.shared.metrics.clone(),
             logged: AtomicBool::new(false),
+            writes: self.shared.writes.clone(),
         };
         change(&mut shared);
         CacheLayer {
@@ -260,7 +265,11 @@ impl Terms {
         let window = cc
             .stale_if_error
             .map_or(config.stale(), |s| s.min(config.stale()));
-        let stale = (admitted && !window.is_zero()).then(|| ttl.saturating_add(window));
+        // `max-age` without `stale-if-error`: the client does not want a
+        // stale answer (RFC 9111 §5.2.1.1).
+        let refuses_stale = cc.max_age.is_some() && cc.stale_if_error.is_none();
+        let stale = (admitted && !refuses_stale && !window.is_zero())
+            .then(|| ttl.saturating_add(window));
         Terms {
             hits: !cc.no_cache && !ttl.is_zero(),
             ttl,
@@ -279,9 +288,9 @@ impl Terms {
 /// `true` for failures meaning no provider could serve now, which the
 /// stale-safe rung answers; never for a request refused on its merits
 /// (bad request, auth, a budget, a content filter).
-fn providers_down(f: &Failure) -> bool {
+fn providers_down(class: FailureClass) -> bool {
     matches!(
-        f.class(),
+        class,
         FailureClass::Transient
             | FailureClass::RateLimited
             | FailureClass::QuotaExhausted
@@ -290,6 +299,26 @@ fn providers_down(f: &Failure) -> bool {
             | FailureClass::InvalidResponse
             | FailureClass::DeadlineExceeded
     )
+}
+
+/// `true` when the last failed attempt of the call (`log`) failed as an
+/// outage: a degraded answer built after budgets, quotas, policies or the
+/// request itself stopped every link is not answered stale. A call without
+/// a log (no layer owns it: no budget, quota or policy layer either) is
+/// taken as an outage.
+fn last_failure_is_outage(log: Option<&AttemptLog>) -> bool {
+    let Some(log) = log else {
+        return true;
+    };
+    log.snapshot()
+        .iter()
+        .rev()
+        .find_map(|r| match r.outcome {
+            AttemptOutcome::Failed(class) => Some(providers_down(class)),
+            AttemptOutcome::SkippedByPolicy => Some(false),
+            _ => None,
+        })
+        .unwrap_or(false)
 }
 
 /// The response future of [`Cache`].
@@ -318,13 +347,27 @@ where
         let terms = Terms::of(&shared.config, self.headers.headers(&req));
         let key = key_of(self.tenant.tenant(&req).as_deref(), &req.fingerprint().0);
         let deadline = Deadline::of(&req);
+        // The call's records: what the chain tried, read when it answers
+        // with its degraded answer.
+        let log = AttemptLog::of(&req).cloned();
         // The service was made ready for this call: it goes with the call
         // (which first looks the answer up).
         let clone = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
             let found = if terms.hits || terms.stale.is_some() {
-                match shared.store.get(key.clone()).await {
+                // A store that does not answer gets at most half the
+                // call's time left: the providers get the rest.
+                let lookup = shared.store.get(key.clone());
+                let looked_up = match deadline {
+                    Some(d) => tokio::time::timeout(d.remaining() / 2, lookup)
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(StoreError("the lookup took half the call's deadline".into()))
+                        }),
+                    None => lookup.await,
+                };
+                match looked_up {
                     Ok(found) => {
                         shared.logged.store(false, Ordering::Relaxed);
                         found
@@ -360,6 +403,7 @@ where
                 max_entry_bytes: usize::try_from(shared.config.max_entry_bytes)
                     .unwrap_or(usize::MAX),
                 store_tool_calls: shared.config.store_tool_calls,
+                writes: shared.writes.clone(),
             };
             let call = service.call(req);
             let result = match (&stale, deadline) {
@@ -380,14 +424,25 @@ where
                 _ => Some(call.await),
             };
             let failed = match &result {
-                Some(Ok(answer)) => answer.is_degraded(),
-                Some(Err(f)) => providers_down(f),
+                // Every link failed and the fallback built its degraded
+                // answer: an outage only if the last link failed as one
+                // (not a budget, a quota, a policy or the request itself).
+                Some(Ok(answer)) => answer.is_degraded() && last_failure_is_outage(log.as_ref()),
+                Some(Err(f)) => providers_down(f.class()),
                 None => true,
             };
             if failed {
-                if let Some(CacheEntry { stored, age }) = &stale {
-                    // Its age when served: the call has run since.
+                if let (Some(CacheEntry { stored, age }), Some(limit)) = (&stale, terms.stale) {
+                    // Its age when served: the call has run since, and
+                    // the limit holds then.
                     let age = age.saturating_add(found_at.elapsed());
+                    if age > limit {
+                        shared.metrics.record_cache(CacheStatus::Miss);
+                        return match result {
+                            Some(r) => r.map(|a| a.with_cache_outcome(CacheOutcome::MISS)),
+                            None => Err(Failure::deadline_exceeded()),
+                        };
+                    }
                     let outcome = CacheOutcome::new(CacheStatus::Stale, age);
                     if let Some(answer) = S::Response::from_cache(stored, outcome) {
                         shared.metrics.record_cache(CacheStatus::Stale);

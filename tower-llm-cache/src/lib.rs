@@ -25,11 +25,13 @@
 //!   longer. A malformed header is ignored.
 //! - **The stale-safe rung.** With `stale_ms`, an answer is kept that
 //!   much past its freshness; when every provider fails (the chain's
-//!   failure is an outage: transient, rate limited, timeout, circuit
-//!   open, the deadline; or the fallback built its degraded answer), the
-//!   call gets the answer found when it began, marked stale, if it is
-//!   young enough and the request is admitted (`stale_for_risk` on the
-//!   `x-llm-risk` header). At the call's deadline, a call holding a stale
+//!   failure is an outage: transient, rate limited, provider quota,
+//!   timeout, circuit open, invalid response, the deadline; or the
+//!   fallback built its degraded answer after the last link failed so),
+//!   the call gets the answer found when it began, marked stale, if it is
+//!   young enough when served and the request is admitted
+//!   (`stale_for_risk` on the `x-llm-risk` header; a `max-age` without
+//!   `stale-if-error` refuses stale answers). At the call's deadline, a call holding a stale
 //!   answer gets it rather than the deadline's error.
 //! - **Never stored:** failures, degraded answers, streams that end with
 //!   an error or were continued after they broke, answers that call

@@ -66,9 +66,13 @@ pub trait IdempotentAnswer: Sized {
 
 impl IdempotentAnswer for ChatResponse {
     fn capture(self, capture: Capture) -> Self {
-        if self.degraded {
-            // Built by the fallback layer because every link failed: a
-            // failure in disguise, never stored (the key is given up).
+        let stale = self
+            .cache
+            .is_some_and(|c| c.status == tower_llm_core::CacheStatus::Stale);
+        if self.degraded || stale {
+            // Built by the fallback layer because every link failed, or a
+            // cache's stale answer for the same reason: a failure in
+            // disguise, never stored (the key is given up).
             drop(capture);
             return self;
         }
@@ -92,8 +96,12 @@ impl IdempotentAnswer for ChatResponse {
 
 impl IdempotentAnswer for ChatStream {
     fn capture(self, capture: Capture) -> Self {
-        if self.is_degraded() {
-            // A degraded answer is never stored (the key is given up).
+        let stale = self
+            .cache_outcome()
+            .is_some_and(|c| c.status == tower_llm_core::CacheStatus::Stale);
+        if self.is_degraded() || stale {
+            // A degraded or stale answer is never stored (the key is given
+            // up).
             drop(capture);
             return self;
         }

@@ -48,6 +48,11 @@ enum Reply {
     Fail(FailureClass),
     /// Never answers.
     Hang,
+    /// Fails with this class after this long.
+    FailAfter(FailureClass, std::time::Duration),
+    /// Records a failed attempt of this class in the call's log (as the
+    /// last link's), then answers the fallback layer's degraded answer.
+    DegradedAfter(FailureClass),
 }
 
 type Script = Arc<dyn Fn(usize) -> Reply + Send + Sync>;
@@ -86,9 +91,21 @@ impl Provider {
     + Send
     + 'static {
         let this = self.clone();
-        service_fn(move |_req: ChatRequest| {
+        service_fn(move |req: ChatRequest| {
             let n = this.calls.fetch_add(1, Ordering::SeqCst);
             let reply = (this.script)(n);
+            if let Reply::DegradedAfter(class) = reply {
+                use tower_llm_core::layer::AttemptLogExt;
+                let log = tower_llm_core::AttemptLog::of(&req).expect("a call owner's log");
+                let link = tower_llm_core::Link::new("p", "m");
+                let record = tower_llm_core::AttemptRecord::new(
+                    &link,
+                    1,
+                    tower_llm_core::AttemptOutcome::Failed(class),
+                    std::time::Duration::ZERO,
+                );
+                let _ = log.begin(record);
+            }
             async move {
                 match reply {
                     Reply::Answer => Ok(answer(n)),
@@ -108,6 +125,15 @@ impl Provider {
                     }),
                     Reply::Fail(class) => Err(Failure::new(class)),
                     Reply::Hang => std::future::pending().await,
+                    Reply::FailAfter(class, after) => {
+                        tokio::time::sleep(after).await;
+                        Err(Failure::new(class))
+                    }
+                    Reply::DegradedAfter(_) => Ok(ChatResponse {
+                        id: format!("degraded {n}"),
+                        degraded: true,
+                        ..ChatResponse::default()
+                    }),
                 }
             }
         })

@@ -142,3 +142,86 @@ async fn with_no_freshness_nothing_is_a_hit_but_stale_answers_are_served() {
     assert_eq!(seen(&served), ("answer 1", stale(secs(30))));
     assert_eq!(provider.calls(), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_stale_limit_holds_when_the_answer_is_served_not_only_when_found() {
+    // Found 119 s old (limit 120 s), served after a 20 s failing call:
+    // 139 s old by then, too stale.
+    let provider = Provider::scripted(|n| {
+        if n == 0 {
+            Reply::Answer
+        } else {
+            Reply::FailAfter(FailureClass::Transient, secs(20))
+        }
+    });
+    let svc = cache(config(60_000, 60_000)).layer(provider.service());
+    call(&svc, ask()).await.expect("answers");
+    advance(secs(119)).await;
+    let failed = call(&svc, ask()).await.expect_err("too stale when served");
+    assert_eq!(failed.class(), FailureClass::Transient);
+    // Found 90 s old, served 20 s later: 110 s, within the limit.
+    let provider = Provider::scripted(|n| {
+        if n == 0 {
+            Reply::Answer
+        } else {
+            Reply::FailAfter(FailureClass::Transient, secs(20))
+        }
+    });
+    let svc = cache(config(60_000, 60_000)).layer(provider.service());
+    call(&svc, ask()).await.expect("answers");
+    advance(secs(90)).await;
+    let served = call(&svc, ask()).await.expect("stale");
+    assert_eq!(seen(&served), ("answer 0", stale(secs(110))));
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_age_without_stale_if_error_refuses_a_stale_answer() {
+    let provider = answers_then_fails(FailureClass::Transient);
+    let svc = cache(config(60_000, 600_000)).layer(provider.service());
+    call(&svc, ask()).await.expect("answers");
+    advance(secs(61)).await;
+    let failed = call(&svc, ask_with(&[("cache-control", "max-age=3600")]))
+        .await
+        .expect_err("no stale answer for max-age alone");
+    assert_eq!(failed.class(), FailureClass::Transient);
+    let served = call(
+        &svc,
+        ask_with(&[("cache-control", "max-age=3600, stale-if-error=600")]),
+    )
+    .await
+    .expect("stale with stale-if-error");
+    assert_eq!(seen(&served), ("answer 0", stale(secs(61))));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_degraded_answer_after_a_quota_or_budget_refusal_is_not_replaced() {
+    use tower::ServiceBuilder;
+    use tower_llm_deadline::DeadlineLayer;
+    for (class, replaced) in [
+        (FailureClass::TenantQuotaExhausted, false),
+        (FailureClass::CostBudgetExhausted, false),
+        (FailureClass::Auth, false),
+        (FailureClass::Transient, true),
+    ] {
+        let provider = Provider::scripted(move |n| {
+            if n == 0 {
+                Reply::Answer
+            } else {
+                Reply::DegradedAfter(class)
+            }
+        });
+        let svc = ServiceBuilder::new()
+            .layer(DeadlineLayer::new(secs(30)))
+            .layer(cache(config(60_000, 600_000)))
+            .service(provider.service());
+        call(&svc, ask()).await.expect("answers");
+        advance(secs(61)).await;
+        let got = call(&svc, ask()).await.expect("an answer");
+        if replaced {
+            assert_eq!(seen(&got), ("answer 0", stale(secs(61))), "{class:?}");
+        } else {
+            assert!(got.degraded, "{class:?}: {got:?}");
+            assert_eq!(got.cache.map(|c| c.status), Some(CacheStatus::Miss), "{class:?}");
+        }
+    }
+}

@@ -370,3 +370,47 @@ async fn errors_degraded_and_tool_call_answers_are_never_stored() {
     assert_eq!(text(&fresh), "Paris");
     assert_eq!(chat(&h, ASK).await.header("x-llm-cache"), "hit");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_from_a_link_with_an_admission_rule_is_never_given_to_a_request_it_would_refuse()
+{
+    let h = start_text(down(), Reply::anthropic_text("from the EU link"), |p, b| {
+        format!(
+            r#"
+            [deadline]
+            total_ms = 2000
+            [retry]
+            max_attempts = 1
+            [[providers]]
+            name = "primary"
+            kind = "openai"
+            base_url = "{}/v1"
+            api_key_env = "UNUSED"
+            [[providers]]
+            name = "backup"
+            kind = "anthropic"
+            base_url = "{}"
+            api_key_env = "UNUSED"
+            [[routes]]
+            model = "smart"
+            chain = [{{ provider = "primary", model = "gpt-4o-mini" }}, {{ provider = "backup", model = "claude-x", admit = {{ header = "x-region", any_of = ["eu"] }} }}]
+            cache = {{ ttl_ms = 60000, stale_ms = 600000 }}
+            "#,
+            p.url(),
+            b.url()
+        )
+    })
+    .await;
+    let eu = call(&h, ASK, &[("x-region", b"eu")]).await;
+    assert_eq!(eu.status, 200, "{}", eu.body);
+    assert_eq!(eu.header("x-llm-cache"), "miss");
+    assert_eq!(call(&h, ASK, &[("x-region", b"eu")]).await.header("x-llm-cache"), "hit");
+    // Another region (or none) may not use that link: no hit, no stale
+    // answer from it; the primary is down, so the failure.
+    for other in [&[("x-region", b"us" as &[u8])][..], &[][..]] {
+        let refused = call(&h, ASK, other).await;
+        assert_eq!(refused.status, 503, "{}", refused.body);
+        assert_eq!(refused.header("x-llm-cache"), "");
+    }
+    assert_eq!(h.backup.received().len(), 1);
+}
