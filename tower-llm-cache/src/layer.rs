@@ -268,8 +268,8 @@ impl Terms {
         // `max-age` without `stale-if-error`: the client does not want a
         // stale answer (RFC 9111 §5.2.1.1).
         let refuses_stale = cc.max_age.is_some() && cc.stale_if_error.is_none();
-        let stale = (admitted && !refuses_stale && !window.is_zero())
-            .then(|| ttl.saturating_add(window));
+        let stale =
+            (admitted && !refuses_stale && !window.is_zero()).then(|| ttl.saturating_add(window));
         Terms {
             hits: !cc.no_cache && !ttl.is_zero(),
             ttl,
@@ -363,7 +363,9 @@ where
                     Some(d) => tokio::time::timeout(d.remaining() / 2, lookup)
                         .await
                         .unwrap_or_else(|_| {
-                            Err(StoreError("the lookup took half the call's deadline".into()))
+                            Err(StoreError(
+                                "the lookup took half the call's deadline".into(),
+                            ))
                         }),
                     None => lookup.await,
                 };

@@ -221,7 +221,11 @@ async fn a_degraded_answer_after_a_quota_or_budget_refusal_is_not_replaced() {
             assert_eq!(seen(&got), ("answer 0", stale(secs(61))), "{class:?}");
         } else {
             assert!(got.degraded, "{class:?}: {got:?}");
-            assert_eq!(got.cache.map(|c| c.status), Some(CacheStatus::Miss), "{class:?}");
+            assert_eq!(
+                got.cache.map(|c| c.status),
+                Some(CacheStatus::Miss),
+                "{class:?}"
+            );
         }
     }
 }

@@ -404,7 +404,12 @@ async fn an_answer_from_a_link_with_an_admission_rule_is_never_given_to_a_reques
     let eu = call(&h, ASK, &[("x-region", b"eu")]).await;
     assert_eq!(eu.status, 200, "{}", eu.body);
     assert_eq!(eu.header("x-llm-cache"), "miss");
-    assert_eq!(call(&h, ASK, &[("x-region", b"eu")]).await.header("x-llm-cache"), "hit");
+    assert_eq!(
+        call(&h, ASK, &[("x-region", b"eu")])
+            .await
+            .header("x-llm-cache"),
+        "hit"
+    );
     // Another region (or none) may not use that link: no hit, no stale
     // answer from it; the primary is down, so the failure.
     for other in [&[("x-region", b"us" as &[u8])][..], &[][..]] {
