@@ -41,7 +41,12 @@ fn half_open_admits_at_most_k_probes_and_a_dropped_probe_frees_its_slot() {
         let layer = BreakerLayer::new()
             .with_config(BreakerConfig {
                 consecutive_failures: 1,
-                cooldown: Duration::from_millis(1),
+                // Real time (loom does not model it): a probe still
+                // running counts as lost after a full cooldown, so the
+                // cooldown is far longer than the racers take, even on a
+                // loaded machine (1 ms made the second racer a probe too
+                // whenever the first was descheduled for a millisecond).
+                cooldown: Duration::from_millis(50),
                 half_open_probes: 1,
                 rate_limit_hold: false,
                 ..BreakerConfig::default()
@@ -60,8 +65,8 @@ fn half_open_admits_at_most_k_probes_and_a_dropped_probe_frees_its_slot() {
         let mut fut = std::pin::pin!(first.call(req()));
         let mut cx = Context::from_waker(Waker::noop());
         assert!(matches!(fut.as_mut().poll(&mut cx), Poll::Ready(Err(_))));
-        // The cooldown (1 ms) ends: the next calls race for one probe slot.
-        std::thread::sleep(Duration::from_millis(2));
+        // The cooldown (50 ms) ends: the next calls race for one probe slot.
+        std::thread::sleep(Duration::from_millis(55));
         // Each racer keeps its call (admitted or not) until both have
         // tried: a probe still running holds its slot.
         let threads: Vec<_> = (0..2)

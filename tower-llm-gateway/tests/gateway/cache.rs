@@ -419,3 +419,22 @@ async fn an_answer_from_a_link_with_an_admission_rule_is_never_given_to_a_reques
     }
     assert_eq!(h.backup.received().len(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn cached_answers_survive_a_reload_while_the_cache_settings_are_unchanged() {
+    let h = start_text(Reply::openai_text("Paris"), down(), cached("", TTL)).await;
+    assert_eq!(chat(&h, ASK).await.header("x-llm-cache"), "miss");
+    // `[cache]` written out at its default: the same store, its answers kept.
+    let same = cached("[cache]\nmax_bytes = 67108864", TTL)(&h.primary, &h.backup);
+    h.gateway
+        .reload(tower_llm_gateway::GatewayConfig::from_toml(&same).expect("valid"))
+        .expect("reloads");
+    assert_eq!(chat(&h, ASK).await.header("x-llm-cache"), "hit");
+    // Another bound: a new store, empty.
+    let other = cached("[cache]\nmax_bytes = 1048576", TTL)(&h.primary, &h.backup);
+    h.gateway
+        .reload(tower_llm_gateway::GatewayConfig::from_toml(&other).expect("valid"))
+        .expect("reloads");
+    assert_eq!(chat(&h, ASK).await.header("x-llm-cache"), "miss");
+    assert_eq!(h.primary.received().len(), 2);
+}
