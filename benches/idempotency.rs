@@ -10,16 +10,14 @@
 //! cargo bench --bench idempotency
 //! ```
 
-use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll, Waker};
 
 use tower::{Service, ServiceBuilder, service_fn};
 use tower_llm::idempotency::{IdempotencyConfig, IdempotencyLayer};
 use tower_llm::{ChatRequest, ChatResponse, Failure, IdempotencyKey, Message, Metrics};
 
 mod support;
-use support::current_thread;
+use support::{current_thread, paired_typed as paired};
 
 fn answer() -> ChatResponse {
     ChatResponse {
@@ -42,49 +40,6 @@ fn layered() -> impl Service<ChatRequest, Response = ChatResponse, Error = Failu
                 .with_metrics(Metrics::disabled()),
         )
         .service(bare())
-}
-
-fn call<S: Service<ChatRequest>>(svc: &mut S, req: ChatRequest) -> bool {
-    let mut cx = Context::from_waker(Waker::noop());
-    if !matches!(svc.poll_ready(&mut cx), Poll::Ready(Ok(()))) {
-        return false;
-    }
-    let mut fut = std::pin::pin!(svc.call(black_box(req)));
-    match fut.as_mut().poll(&mut cx) {
-        Poll::Ready(res) => res.is_ok(),
-        Poll::Pending => panic!("the benchmarked service answers at once"),
-    }
-}
-
-/// Median nanoseconds per call of `a` and `b` (requests from `ra`, `rb`),
-/// timed alternately.
-fn paired<A, B>(
-    a: &mut A,
-    ra: &mut impl FnMut() -> ChatRequest,
-    b: &mut B,
-    rb: &mut impl FnMut() -> ChatRequest,
-) -> (f64, f64)
-where
-    A: Service<ChatRequest>,
-    B: Service<ChatRequest>,
-{
-    const N: u32 = 20_000;
-    let (mut ta, mut tb) = (Vec::new(), Vec::new());
-    for _ in 0..41 {
-        let t = std::time::Instant::now();
-        for _ in 0..N {
-            black_box(call(a, ra()));
-        }
-        ta.push(t.elapsed().as_nanos() as f64 / f64::from(N));
-        let t = std::time::Instant::now();
-        for _ in 0..N {
-            black_box(call(b, rb()));
-        }
-        tb.push(t.elapsed().as_nanos() as f64 / f64::from(N));
-    }
-    ta.sort_by(f64::total_cmp);
-    tb.sort_by(f64::total_cmp);
-    (ta[20], tb[20])
 }
 
 fn main() {

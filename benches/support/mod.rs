@@ -151,6 +151,49 @@ where
     (ta[20], tb[20])
 }
 
+/// One call with a typed request `req` to a service that answers at once:
+/// readiness, then the response future polled once.
+pub(crate) fn call_typed<S: Service<tower_llm::ChatRequest>>(
+    svc: &mut S,
+    req: tower_llm::ChatRequest,
+) -> bool {
+    if now_or_never(std::future::poll_fn(|cx| svc.poll_ready(cx))).is_err() {
+        return false;
+    }
+    now_or_never(svc.call(black_box(req))).is_ok()
+}
+
+/// Median nanoseconds per call of `a` and `b` on typed requests (from `ra`
+/// and `rb`), timed alternately as [`paired`] does.
+pub(crate) fn paired_typed<A, B>(
+    a: &mut A,
+    ra: &mut impl FnMut() -> tower_llm::ChatRequest,
+    b: &mut B,
+    rb: &mut impl FnMut() -> tower_llm::ChatRequest,
+) -> (f64, f64)
+where
+    A: Service<tower_llm::ChatRequest>,
+    B: Service<tower_llm::ChatRequest>,
+{
+    const N: u32 = 20_000;
+    let (mut ta, mut tb) = (Vec::new(), Vec::new());
+    for _ in 0..41 {
+        let t = std::time::Instant::now();
+        for _ in 0..N {
+            black_box(call_typed(a, ra()));
+        }
+        ta.push(t.elapsed().as_nanos() as f64 / f64::from(N));
+        let t = std::time::Instant::now();
+        for _ in 0..N {
+            black_box(call_typed(b, rb()));
+        }
+        tb.push(t.elapsed().as_nanos() as f64 / f64::from(N));
+    }
+    ta.sort_by(f64::total_cmp);
+    tb.sort_by(f64::total_cmp);
+    (ta[20], tb[20])
+}
+
 /// The `tower-resilience` crate's time limiter (30 s) → retry (3 attempts,
 /// 200 ms exponential) → circuit breaker (50 % over 100 calls) around
 /// `$inner` (requests `$req`, answers `$res`): the peer every stack bench

@@ -132,19 +132,14 @@ async fn two_gateway_processes_share_cached_answers_and_keep_serving_without_red
 
     // Back: shared again.
     redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut n = 200;
-    let shared = loop {
+    // A fresh question each try, until one stored through A is a hit on B.
+    let next = std::sync::atomic::AtomicU32::new(200);
+    let shared = tower_llm_test_support::poll(Duration::from_secs(10), || async {
+        let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let _ = ask(&client, &a, question(n)).await;
-        if ask(&client, &b, question(n)).await.1 == "hit" {
-            break true;
-        }
-        if Instant::now() > deadline {
-            break false;
-        }
-        n += 1;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        ask(&client, &b, question(n)).await.1 == "hit"
+    })
+    .await;
     assert!(
         shared,
         "the pair did not share again within 10 s of Redis's return"
